@@ -1,0 +1,106 @@
+"""Shift/reduce transitions: the sequence a SPINN parser runs to build a binary tree.
+
+SHIFT moves the next word from the buffer onto the stack; REDUCE pops the two
+top phrases and pushes their composition. A binary tree over n words is exactly
+its post-order walk: n SHIFTs and n - 1 REDUCEs, legal at every step (no REDUCE
+with fewer than two phrases, no SHIFT from an empty buffer), ending with one
+phrase on the stack. `tree_to_transitions` and `transitions_to_tree` are
+inverses; the tests check the round trip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from enum import IntEnum
+
+from spinn.errors import SpinnError
+from spinn.trees import Tree, node
+
+
+class Transition(IntEnum):
+    """A parser action; the integer is what Parquet stores (names in its metadata)."""
+
+    SHIFT = 0
+    REDUCE = 1
+
+    def is_legal(self, stack_size: int, buffer_size: int) -> bool:
+        """Whether this action can run with that many phrases stacked and words left."""
+        if self is Transition.SHIFT:
+            return buffer_size > 0
+        return stack_size >= 2
+
+
+TRANSITION_NAMES: dict[str, int] = {transition.name: transition.value for transition in Transition}
+REDUCE_ARITY = 2
+
+
+class TransitionError(SpinnError):
+    """A transition sequence that does not build exactly one tree over its words."""
+
+
+def tree_to_transitions(tree: Tree) -> list[Transition]:
+    """The post-order SHIFT/REDUCE sequence of a binary tree."""
+    transitions: list[Transition] = []
+    stack: list[tuple[Tree, bool]] = [(tree, False)]
+    while stack:
+        current, children_done = stack.pop()
+        if current.is_leaf:
+            transitions.append(Transition.SHIFT)
+        elif children_done:
+            transitions.append(Transition.REDUCE)
+        elif len(current.children) != REDUCE_ARITY:
+            raise TransitionError(
+                f"a node with {len(current.children)} children has no shift/reduce sequence; binarize first"
+            )
+        else:
+            left, right = current.children
+            stack.extend([(current, True), (right, False), (left, False)])
+    return transitions
+
+
+def transitions_to_tree(tokens: Sequence[str], transitions: Sequence[int]) -> Tree:
+    """Run the transitions over the tokens and return the one tree they build."""
+    check_transitions(transitions, len(tokens))
+    buffer = iter(tokens)
+    stack: list[Tree] = []
+    for transition in transitions:
+        if transition == Transition.SHIFT:
+            stack.append(Tree(next(buffer)))
+        else:
+            right = stack.pop()
+            left = stack.pop()
+            stack.append(node(left, right))
+    return stack[0]
+
+
+def check_transitions(transitions: Sequence[int], n_tokens: int) -> None:
+    """Raise TransitionError unless the sequence is legal and consumes all words into one root."""
+    if n_tokens < 1:
+        raise TransitionError("a sentence needs at least one token")
+    stack_size = 0
+    buffer_size = n_tokens
+    for step, value in enumerate(transitions):
+        try:
+            transition = Transition(value)
+        except ValueError:
+            raise TransitionError(f"step {step}: {value!r} is not a transition") from None
+        if not transition.is_legal(stack_size, buffer_size):
+            raise TransitionError(
+                f"step {step}: illegal {transition.name} with {stack_size} on the stack "
+                f"and {buffer_size} in the buffer"
+            )
+        if transition is Transition.SHIFT:
+            stack_size += 1
+            buffer_size -= 1
+        else:
+            stack_size -= 1
+    if buffer_size or stack_size != 1:
+        raise TransitionError(
+            f"sequence ends with {buffer_size} words unread and {stack_size} phrases on the stack; "
+            "expected 0 and 1"
+        )
+
+
+def transition_count(n_tokens: int) -> int:
+    """A binary tree over n words takes n SHIFTs and n - 1 REDUCEs."""
+    return 2 * n_tokens - 1
