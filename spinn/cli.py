@@ -1,0 +1,111 @@
+"""`spinn <stage>`: a thin command line over the stage functions.
+
+Each command parses options, calls one stage function, and prints that
+function's summary. DVC stages and Prefect tasks call the same functions, so
+nothing here may hold logic of its own. A SpinnError becomes a one-line
+`error: ...` on stderr and exit status 1.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from spinn.errors import SpinnError
+
+EXIT_USER_ERROR = 1
+
+
+class _Group(click.Group):
+    """Turns user-facing errors into one line instead of a traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except SpinnError as error:
+            click.echo(f"error: {error}", err=True)
+            sys.exit(EXIT_USER_ERROR)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="spinn")
+def main() -> None:
+    """Train SPINN models for natural language inference and label sentence pairs with them."""
+
+
+@main.command()
+@click.argument("corpus", type=click.Choice(["snli", "multinli"]))
+@click.option("--raw-dir", type=click.Path(path_type=Path), default=Path("data/raw"), show_default=True,
+              help="Folder for the archive and its extracted files.")
+@click.option("--url", help="Fetch from this mirror instead of the official address.")
+@click.option("--file", "local_file", type=click.Path(path_type=Path), help="Copy this local archive instead of fetching.")
+@click.option("--checksum", help="Expected digest, e.g. sha256:HEX or md5:HEX (default: the published one).")
+@click.option("--no-extract", is_flag=True, help="Only fetch and verify the archive.")
+def download(corpus: str, raw_dir: Path, url: str | None, local_file: Path | None, checksum: str | None,
+             no_extract: bool) -> None:
+    """Fetch, verify and extract an official NLI corpus archive (resumable)."""
+    from spinn.download import download_corpus
+
+    result = download_corpus(corpus, raw_dir, url=url, file=local_file, checksum=checksum, extract=not no_extract)
+    state = "downloaded and verified" if result.fetched else "already present and verified"
+    click.echo(f"{result.archive}: {state}")
+    if not no_extract:
+        click.echo(f"extracted {result.members} files into {result.extracted_to}" if result.members
+                   else f"extracted files already up to date in {result.extracted_to}")
+
+
+@main.command()
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.option("--output", "output_dir", type=click.Path(path_type=Path), default=Path("data/prepared"),
+              show_default=True, help="Folder for <split>.parquet and <split>.rejects.jsonl.")
+@click.option("--split", help="Split name (default: from the file name, e.g. train, dev_matched).")
+@click.option("--member", help="File inside a zip INPUT (full path or unique file name).")
+@click.option("--trees", type=click.Choice(["auto", "binary", "nary"]), default="auto", show_default=True,
+              help="Tree source: the corpus binary parse, or its n-ary parse through our binarizer.")
+@click.option("--max-reject-ratio", type=click.FloatRange(0, 1), default=0.01, show_default=True,
+              help="Fail when more than this share of lines is rejected.")
+def prepare(input_path: Path, output_dir: Path, split: str | None, member: str | None, trees: str,
+            max_reject_ratio: float) -> None:
+    """Convert an SNLI/MultiNLI file (.jsonl/.txt, .gz, or in a zip) into prepared Parquet."""
+    from spinn.corpus import TreeSource
+    from spinn.prepare import prepare as prepare_stage
+
+    summary = prepare_stage(input_path, output_dir, split=split, trees=TreeSource(trees), member=member,
+                            max_reject_ratio=max_reject_ratio)
+    click.echo("\n".join(summary.report()))
+
+
+@main.command()
+@click.argument("train", type=click.Path(path_type=Path))
+@click.option("--output", type=click.Path(path_type=Path), help="Where to write (default: vocab.json beside TRAIN).")
+@click.option("--lowercase/--keep-case", default=True, show_default=True)
+@click.option("--min-freq", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--max-size", type=click.IntRange(min=2), help="Keep at most this many entries, specials included.")
+def vocab(train: Path, output: Path | None, lowercase: bool, min_freq: int, max_size: int | None) -> None:
+    """Build the word vocabulary from a prepared training split."""
+    from spinn.vocab import vocab_stage
+
+    vocabulary, path = vocab_stage(train, output, lowercase=lowercase, min_freq=min_freq, max_size=max_size)
+    click.echo(f"{path}: {len(vocabulary)} entries (lowercase={lowercase}, min_freq={min_freq})")
+
+
+@main.command("check-binarization")
+@click.argument("input_path", metavar="FILE", type=click.Path(path_type=Path))
+@click.option("--member", help="File inside a zip FILE.")
+@click.option("--show", type=click.IntRange(min=0), default=5, show_default=True, help="Mismatches to print.")
+def check_binarization(input_path: Path, member: str | None, show: int) -> None:
+    """Binarize every sentence*_parse and report agreement with sentence*_binary_parse."""
+    from spinn.agreement import binarization_agreement
+
+    agreement = binarization_agreement(input_path, member)
+    for mismatch in agreement.examples[:show]:
+        click.echo(f"line {mismatch.line} {mismatch.field}\n  ours:   {mismatch.ours}\n  corpus: {mismatch.theirs}")
+    if agreement.unreadable:
+        click.echo(f"unreadable sentences skipped: {agreement.unreadable}")
+    click.echo(agreement.summary_line())
+
+
+if __name__ == "__main__":
+    main()
