@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from enum import IntEnum
 
 from spinn.errors import SpinnError
-from spinn.trees import Tree, node
+from spinn.trees import CLOSE, OPEN, Tree, TreeError, TreeProblem, node
 
 
 class Transition(IntEnum):
@@ -32,6 +32,7 @@ class Transition(IntEnum):
 
 TRANSITION_NAMES: dict[str, int] = {transition.name: transition.value for transition in Transition}
 REDUCE_ARITY = 2
+_SHIFT, _REDUCE = int(Transition.SHIFT), int(Transition.REDUCE)
 
 
 class TransitionError(SpinnError):
@@ -56,6 +57,49 @@ def tree_to_transitions(tree: Tree) -> list[Transition]:
             left, right = current.children
             stack.extend([(current, True), (right, False), (left, False)])
     return transitions
+
+
+def read_binary_parse(text: str) -> tuple[list[str], list[int]]:
+    """Tokens and transitions of an SNLI binary parse such as `( ( A dog ) ( runs . ) )`.
+
+    The bracketing is already a post-order walk, so one scan emits SHIFT per
+    word and REDUCE per closing bracket of two children, with no tree built:
+    this is the hot loop of `spinn prepare`. A bracket with one child is
+    collapsed into it; empty, unbalanced or over-full brackets raise TreeError.
+    """
+    tokens: list[str] = []
+    transitions: list[int] = []
+    children = [0]  # children seen so far in each open bracket; [0] is the top level
+    for token in text.split():
+        if token == OPEN:
+            children.append(0)
+        elif token == CLOSE:
+            if len(children) == 1:
+                raise TreeError(TreeProblem.UNBALANCED, "unbalanced parse: ')' without '('")
+            count = children.pop()
+            if count == 0:
+                raise TreeError(TreeProblem.EMPTY, "empty brackets '( )'")
+            if count > REDUCE_ARITY:
+                raise TreeError(TreeProblem.MALFORMED, f"a bracket with {count} children in a binary parse")
+            if count == REDUCE_ARITY:
+                transitions.append(_REDUCE)
+            children[-1] += 1
+        else:
+            tokens.append(token)
+            transitions.append(_SHIFT)
+            children[-1] += 1
+    if len(children) > 1:
+        raise TreeError(TreeProblem.UNBALANCED, f"unbalanced parse: {len(children) - 1} '(' left open")
+    if children[0] == 0:
+        raise TreeError(TreeProblem.EMPTY, "empty parse")
+    if children[0] > 1:
+        raise TreeError(TreeProblem.MALFORMED, f"{children[0]} trees where one was expected")
+    return tokens, transitions
+
+
+def parse_binary(text: str) -> Tree:
+    """The Tree of an SNLI binary parse (see read_binary_parse for what is refused)."""
+    return transitions_to_tree(*read_binary_parse(text))
 
 
 def transitions_to_tree(tokens: Sequence[str], transitions: Sequence[int]) -> Tree:

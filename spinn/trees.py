@@ -3,7 +3,8 @@
 SNLI ships two bracketings per sentence. `sentence*_parse` is a labelled n-ary
 Penn Treebank tree, `(ROOT (S (NP (DT A) (NN dog)) ...))`; `sentence*_binary_parse`
 is an unlabelled binary tree with space-separated brackets, `( ( A dog ) ... )`.
-Both read into `Tree`; a leaf is a node without children whose label is the word.
+Both become `Tree`s (the binary format through spinn.transitions, whose post-order
+it is); a leaf is a node without children whose label is the word.
 Errors are `TreeError`s carrying a machine-readable reason, because `prepare`
 files a bad parse under that reason in its rejects file.
 """
@@ -135,42 +136,6 @@ def _read_ptb(tokens: list[str], start: int) -> tuple[Tree, int]:
         stack[-1][1].append(Tree(token))
         position += 1
     raise TreeError(TreeProblem.UNBALANCED, "parse ends before its brackets close")
-
-
-def parse_binary(text: str) -> Tree:
-    """Read an SNLI binary parse such as `( ( A dog ) ( runs . ) )`.
-
-    A bracket with one child is collapsed into that child; a bracket with more
-    than two children is not a binary tree and is refused.
-    """
-    stack: list[list[Tree]] = [[]]
-    for token in text.split():
-        if token == OPEN:
-            stack.append([])
-        elif token == CLOSE:
-            if len(stack) == 1:
-                raise TreeError(TreeProblem.UNBALANCED, "unbalanced parse: ')' without '('")
-            stack[-2].append(_binary_constituent(stack.pop()))
-        else:
-            stack[-1].append(Tree(token))
-    if len(stack) != 1:
-        raise TreeError(TreeProblem.UNBALANCED, f"unbalanced parse: {len(stack) - 1} '(' left open")
-    roots = stack[0]
-    if not roots:
-        raise TreeError(TreeProblem.EMPTY, "empty parse")
-    if len(roots) > 1:
-        raise TreeError(TreeProblem.MALFORMED, f"{len(roots)} trees where one was expected")
-    return roots[0]
-
-
-def _binary_constituent(children: list[Tree]) -> Tree:
-    if not children:
-        raise TreeError(TreeProblem.EMPTY, "empty brackets '( )'")
-    if len(children) == 1:
-        return children[0]
-    if len(children) > 2:
-        raise TreeError(TreeProblem.MALFORMED, f"a bracket with {len(children)} children in a binary parse")
-    return node(children[0], children[1])
 
 
 def format_binary(tree: Tree) -> str:
