@@ -70,10 +70,15 @@ def prepare(input_path: Path, output_dir: Path, split: str | None, member: str |
             max_reject_ratio: float) -> None:
     """Convert an SNLI/MultiNLI file (.jsonl/.txt, .gz, or in a zip) into prepared Parquet."""
     from spinn.corpus import TreeSource
+    from spinn.prepare import TooManyRejects
     from spinn.prepare import prepare as prepare_stage
 
-    summary = prepare_stage(input_path, output_dir, split=split, trees=TreeSource(trees), member=member,
-                            max_reject_ratio=max_reject_ratio)
+    try:
+        summary = prepare_stage(input_path, output_dir, split=split, trees=TreeSource(trees), member=member,
+                                max_reject_ratio=max_reject_ratio)
+    except TooManyRejects as failure:
+        click.echo("\n".join(failure.summary.report()))
+        raise
     click.echo("\n".join(summary.report()))
 
 

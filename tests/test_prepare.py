@@ -1,0 +1,241 @@
+"""`spinn prepare`: every reject reason, skips, the reject-ratio gate, formats and the schema."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import zipfile
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from spinn.corpus import RejectReason, TreeSource
+from spinn.errors import SpinnError
+from spinn.prepare import infer_split, prepare
+from spinn.schema import LABELS, SCHEMA_VERSION, read_pairs
+from spinn.transitions import TRANSITION_NAMES, Transition, transitions_to_tree
+from spinn.trees import format_binary
+
+S, R = int(Transition.SHIFT), int(Transition.REDUCE)
+
+
+def record(pair_id: str, label: str = "entailment", **overrides) -> dict:
+    base = {
+        "gold_label": label,
+        "pairID": pair_id,
+        "sentence1": "A dog runs.",
+        "sentence1_binary_parse": "( ( A dog ) ( runs . ) )",
+        "sentence1_parse": "(ROOT (S (NP (DT A) (NN dog)) (VP (VBZ runs)) (. .)))",
+        "sentence2": "Animals move.",
+        "sentence2_binary_parse": "( Animals ( move . ) )",
+        "sentence2_parse": "(ROOT (S (NP (NNS Animals)) (VP (VBP move)) (. .)))",
+    }
+    base.update(overrides)
+    return {key: value for key, value in base.items() if value is not None}
+
+
+# Each bad line, the reason it must be filed under, and the field it must name.
+BAD_LINES: list[tuple[str, RejectReason, str | None]] = [
+    ('{"gold_label": "entailment", "pairID": ', RejectReason.MALFORMED_JSON, None),
+    ("[1, 2, 3]", RejectReason.MALFORMED_JSON, None),
+    (json.dumps(record("m1", sentence2=None)), RejectReason.MISSING_FIELD, "sentence2"),
+    (json.dumps(record("m2", gold_label=None)), RejectReason.MISSING_FIELD, "gold_label"),
+    (json.dumps(record("m3", sentence1_binary_parse=None, sentence1_parse=None)), RejectReason.MISSING_FIELD,
+     "sentence1_parse"),
+    (json.dumps(record("i1", sentence1=42)), RejectReason.INVALID_FIELD, "sentence1"),
+    (json.dumps(record("u1", label="maybe")), RejectReason.UNKNOWN_LABEL, "gold_label"),
+    (json.dumps(record("b1", sentence1_binary_parse="( ( A dog ) ( runs . )")), RejectReason.UNBALANCED_PARSE,
+     "sentence1_binary_parse"),
+    (json.dumps(record("b2", sentence2_binary_parse="( )")), RejectReason.EMPTY_PARSE, "sentence2_binary_parse"),
+    (json.dumps(record("b3", sentence2_binary_parse="( Animals move . )")), RejectReason.MALFORMED_PARSE,
+     "sentence2_binary_parse"),
+    (json.dumps(record("l1", sentence1_binary_parse="( ( A dog ) runs )")), RejectReason.LEAF_MISMATCH,
+     "sentence1_binary_parse"),
+    (json.dumps(record("l2", sentence2_binary_parse="( Plants ( move . ) )")), RejectReason.LEAF_MISMATCH,
+     "sentence2_binary_parse"),
+]
+GOOD_IDS = ["g1", "g2", "g3"]
+
+
+def write_jsonl(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.fixture
+def mixed_file(tmp_path: Path) -> Path:
+    """Good pairs interleaved with one line for every reject reason and one no-consensus pair."""
+    lines = [json.dumps(record("g1"))]
+    lines += [line for line, _, _ in BAD_LINES[:6]]
+    lines += [json.dumps(record("g2", label="contradiction")), json.dumps(record("skip", label="-"))]
+    lines += [line for line, _, _ in BAD_LINES[6:]]
+    lines += ["", json.dumps(record("g3", label="neutral"))]
+    return write_jsonl(tmp_path / "mixed_train.jsonl", lines)
+
+
+def read_rejects(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_every_reject_reason_is_filed_and_good_rows_go_on(mixed_file, tmp_path):
+    out = tmp_path / "prepared"
+    summary = prepare(mixed_file, out, max_reject_ratio=1.0)
+    assert summary.split == "train"
+    assert (summary.read, summary.written, summary.skipped) == (len(BAD_LINES) + 4, 3, 1)
+    assert summary.rejected_total == len(BAD_LINES)
+    table = read_pairs(out / "train.parquet")
+    assert table["pair_id"].to_pylist() == GOOD_IDS
+    assert table["label"].to_pylist() == ["entailment", "contradiction", "neutral"]
+    rejects = read_rejects(out / "train.rejects.jsonl")
+    expected = [(reason.value, field) for _, reason, field in BAD_LINES]
+    assert [(r["reason"], r["field"]) for r in rejects] == expected
+    raw_lines = mixed_file.read_text(encoding="utf-8").splitlines()
+    for reject in rejects:
+        assert reject["file"] == str(mixed_file)
+        assert raw_lines[reject["line"] - 1] == reject["raw"]  # nothing lost: the line is kept verbatim
+        assert reject["message"]
+
+
+def test_every_reject_reason_has_a_case():
+    covered = {reason for _, reason, _ in BAD_LINES}
+    untested_here = {RejectReason.MALFORMED_ENCODING, RejectReason.MALFORMED_ROW}  # tested below
+    assert covered | untested_here == set(RejectReason)
+
+
+def test_rows_hold_tokens_transitions_and_source_lines(mixed_file, tmp_path):
+    prepare(mixed_file, tmp_path, max_reject_ratio=1.0)
+    row = read_pairs(tmp_path / "train.parquet").to_pylist()[0]
+    assert row["premise"] == "A dog runs."
+    assert row["premise_tokens"] == ["A", "dog", "runs", "."]
+    assert row["premise_transitions"] == [S, S, R, S, S, R, R]
+    assert row["hypothesis_transitions"] == [S, S, S, R, R]
+    assert row["source_line"] == 1
+
+
+def test_reject_ratio_gate_publishes_rejects_but_not_parquet(mixed_file, tmp_path):
+    out = tmp_path / "prepared"
+    with pytest.raises(SpinnError, match=r"12 of 16 lines rejected.*max-reject-ratio 1\.00%") as error:
+        prepare(mixed_file, out)
+    assert "\n" not in str(error.value)
+    assert not (out / "train.parquet").exists()
+    assert len(read_rejects(out / "train.rejects.jsonl")) == len(BAD_LINES)
+    assert sorted(p.name for p in out.iterdir()) == ["train.rejects.jsonl"]  # no temporary files left
+
+
+def test_failed_run_keeps_the_previous_parquet(mixed_file, tmp_path):
+    good = write_jsonl(tmp_path / "train.jsonl", [json.dumps(record("g1"))])
+    out = tmp_path / "prepared"
+    prepare(good, out)
+    before = (out / "train.parquet").read_bytes()
+    with pytest.raises(SpinnError):
+        prepare(mixed_file, out, split="train")
+    assert (out / "train.parquet").read_bytes() == before
+
+
+def test_nary_trees_are_binarized(tmp_path):
+    path = write_jsonl(tmp_path / "dev.jsonl", [json.dumps(record("n1", sentence1_binary_parse=None))])
+    prepare(path, tmp_path)
+    row = read_pairs(tmp_path / "dev.parquet").to_pylist()[0]
+    tree = transitions_to_tree(row["premise_tokens"], row["premise_transitions"])
+    assert format_binary(tree) == "( ( A dog ) ( runs . ) )"
+
+
+def test_trees_option_forces_a_source(tmp_path):
+    # The n-ary parse here has a flat NP, so binarizing it gives a different tree than the binary parse.
+    flat = record("f1", sentence1_binary_parse="( A ( dog ( runs . ) ) )")
+    path = write_jsonl(tmp_path / "dev.jsonl", [json.dumps(flat)])
+    prepare(path, tmp_path / "binary", trees=TreeSource.BINARY)
+    prepare(path, tmp_path / "nary", trees=TreeSource.NARY)
+    as_binary = read_pairs(tmp_path / "binary" / "dev.parquet")["premise_transitions"].to_pylist()[0]
+    as_nary = read_pairs(tmp_path / "nary" / "dev.parquet")["premise_transitions"].to_pylist()[0]
+    assert as_binary == [S, S, S, S, R, R, R]
+    assert as_nary == [S, S, R, S, S, R, R]
+
+
+def test_forcing_binary_without_binary_parse_is_a_missing_field(tmp_path):
+    path = write_jsonl(tmp_path / "dev.jsonl", [json.dumps(record("n1", sentence2_binary_parse=None))])
+    summary = prepare(path, tmp_path, trees=TreeSource.BINARY, max_reject_ratio=1.0)
+    assert summary.rejected == {"missing_field": 1}
+
+
+def test_text_format_with_header_and_bad_rows(tmp_path):
+    header = ["gold_label", "sentence1_binary_parse", "sentence2_binary_parse", "sentence1_parse",
+              "sentence2_parse", "sentence1", "sentence2", "captionID", "pairID"]
+    good = record("t1")
+    row = [good.get(name, "cap") for name in header]
+    lines = ["\t".join(header), "\t".join(row), "\t".join(row[:4])]
+    path = tmp_path / "snli_1.0_test.txt"
+    path.write_bytes(("\n".join(lines) + "\n").encode() + b"neutral\t\xff\xfe broken\n")
+    summary = prepare(path, tmp_path, max_reject_ratio=1.0)
+    assert summary.split == "test" and summary.written == 1
+    rejects = read_rejects(tmp_path / "test.rejects.jsonl")
+    assert [(r["reason"], r["line"]) for r in rejects] == [("malformed_row", 3), ("malformed_encoding", 4)]
+
+
+def test_gzip_and_zip_member_inputs(tmp_path):
+    lines = "\n".join(json.dumps(record(i)) for i in GOOD_IDS) + "\n"
+    gz = tmp_path / "snli_1.0_dev.jsonl.gz"
+    with gzip.open(gz, "wt", encoding="utf-8") as stream:
+        stream.write(lines)
+    archive = tmp_path / "snli_1.0.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("snli_1.0/snli_1.0_dev.jsonl", lines)
+        bundle.writestr("snli_1.0/snli_1.0_test.jsonl", lines)
+    assert prepare(gz, tmp_path / "a").written == 3
+    summary = prepare(archive, tmp_path / "b", member="snli_1.0_test.jsonl")
+    assert summary.split == "test" and summary.written == 3
+    assert summary.source == f"{archive}:snli_1.0/snli_1.0_test.jsonl"
+    with pytest.raises(SpinnError, match="holds 2 corpus files"):
+        prepare(archive, tmp_path / "c")
+    with pytest.raises(SpinnError, match="not found"):
+        prepare(archive, tmp_path / "c", member="nope.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("name", "split"),
+    [
+        ("snli_1.0_train.jsonl", "train"),
+        ("snli_1.0_dev.jsonl.gz", "dev"),
+        ("multinli_1.0_dev_matched.txt", "dev_matched"),
+        ("multinli_1.0_dev_mismatched.jsonl", "dev_mismatched"),
+        ("snli_1.0_train_first1024.jsonl.gz", "train_first1024"),
+        ("pairs.jsonl", "pairs"),
+    ],
+)
+def test_split_names(name, split):
+    assert infer_split(name) == split
+
+
+def test_schema_is_explicit_and_versioned(mixed_file, tmp_path):
+    prepare(mixed_file, tmp_path, max_reject_ratio=1.0)
+    schema = pq.read_schema(tmp_path / "train.parquet")
+    metadata = {key.decode(): value.decode() for key, value in schema.metadata.items()}
+    assert metadata["spinn.schema_version"] == SCHEMA_VERSION
+    assert json.loads(metadata["spinn.transitions"]) == TRANSITION_NAMES
+    assert json.loads(metadata["spinn.labels"]) == list(LABELS)
+    assert metadata["spinn.source"] == str(mixed_file)
+    assert str(schema.field("premise_transitions").type) == "list<element: int8>"
+
+
+def test_wrong_schema_is_refused_by_name(tmp_path):
+    import pyarrow as pa
+
+    path = tmp_path / "other.parquet"
+    pq.write_table(pa.table({"x": [1]}), path)
+    with pytest.raises(SpinnError, match=r"other\.parquet: prepared-pairs schema version none"):
+        read_pairs(path)
+    text = tmp_path / "text.parquet"
+    text.write_text("not parquet")
+    with pytest.raises(SpinnError, match="not a Parquet file"):
+        read_pairs(text)
+
+
+def test_real_snli_dev(snli_dev, tmp_path):
+    summary = prepare(snli_dev, tmp_path)
+    assert (summary.read, summary.written, summary.skipped, summary.rejected_total) == (10000, 9842, 158, 0)
+    table = read_pairs(tmp_path / "dev.parquet")
+    assert table.num_rows == 9842
+    assert set(table["label"].to_pylist()) == set(LABELS)
+    lines = table["source_line"].to_pylist()
+    assert lines == sorted(lines) and len(set(lines)) == len(lines)
