@@ -1,0 +1,111 @@
+"""The word vocabulary: token <-> id, built from a prepared training split.
+
+Ids 0 and 1 are the padding and unknown tokens, so batches can pad with 0 and
+any word unseen in training maps to one shared id. Order after them is by
+frequency, then alphabetical, so the same data always yields the same ids
+(checkpoints record the vocabulary and are refused against another).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spinn.atomic import atomic_path
+from spinn.errors import SpinnError
+from spinn.schema import read_pairs
+
+PAD = "<pad>"
+UNK = "<unk>"
+SPECIALS: tuple[str, ...] = (PAD, UNK)
+PAD_ID = SPECIALS.index(PAD)
+UNK_ID = SPECIALS.index(UNK)
+VOCAB_FORMAT = "spinn.vocab"
+VOCAB_VERSION = 1
+VOCAB_FILENAME = "vocab.json"
+TOKEN_COLUMNS = ("premise_tokens", "hypothesis_tokens")
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """An immutable token list with its lookup table and the options that made it."""
+
+    tokens: tuple[str, ...]
+    counts: tuple[int, ...]
+    lowercase: bool
+    min_freq: int
+    index: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.tokens[: len(SPECIALS)] != SPECIALS:
+            raise SpinnError(f"a vocabulary must start with {SPECIALS}, not {self.tokens[:len(SPECIALS)]}")
+        object.__setattr__(self, "index", {token: i for i, token in enumerate(self.tokens)})
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def normalize(self, token: str) -> str:
+        return token.lower() if self.lowercase else token
+
+    def encode(self, tokens: list[str]) -> list[int]:
+        """Ids of the tokens, unknown words as UNK_ID."""
+        return [self.index.get(self.normalize(token), UNK_ID) for token in tokens]
+
+    def to_json(self) -> dict:
+        return {"format": VOCAB_FORMAT, "version": VOCAB_VERSION, "lowercase": self.lowercase,
+                "min_freq": self.min_freq, "specials": list(SPECIALS), "tokens": list(self.tokens),
+                "counts": list(self.counts)}
+
+    def save(self, path: Path) -> Path:
+        with atomic_path(Path(path)) as temporary:
+            temporary.write_text(json.dumps(self.to_json(), ensure_ascii=False, indent=0), encoding="utf-8")
+        return Path(path)
+
+    @classmethod
+    def load(cls, path: Path) -> Vocabulary:
+        path = Path(path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise SpinnError(f"{path}: no such vocabulary file") from None
+        except json.JSONDecodeError as error:
+            raise SpinnError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+        if not isinstance(data, dict) or data.get("format") != VOCAB_FORMAT or data.get("version") != VOCAB_VERSION:
+            raise SpinnError(f"{path}: not a {VOCAB_FORMAT} version {VOCAB_VERSION} file")
+        return cls(tuple(data["tokens"]), tuple(data["counts"]), data["lowercase"], data["min_freq"])
+
+
+def build_vocabulary(train: Path, *, lowercase: bool = True, min_freq: int = 1,
+                     max_size: int | None = None) -> Vocabulary:
+    """Count the words of both sentences in a prepared split and keep the frequent ones."""
+    if min_freq < 1:
+        raise SpinnError(f"min_freq must be at least 1, got {min_freq}")
+    table = read_pairs(train, columns=list(TOKEN_COLUMNS))
+    words = pa.chunked_array(
+        [chunk for column in TOKEN_COLUMNS for chunk in pc.list_flatten(table[column]).chunks],
+        type=pa.string(),
+    )
+    if lowercase:
+        words = pc.utf8_lower(words)
+    counted = pc.value_counts(words)
+    pairs = [(token, count) for token, count in zip(counted.field("values").to_pylist(),
+                                                     counted.field("counts").to_pylist())
+             if count >= min_freq and token not in SPECIALS]
+    pairs.sort(key=lambda item: (-item[1], item[0]))
+    if max_size is not None:
+        pairs = pairs[: max(0, max_size - len(SPECIALS))]
+    tokens = SPECIALS + tuple(token for token, _ in pairs)
+    counts = (0,) * len(SPECIALS) + tuple(count for _, count in pairs)
+    return Vocabulary(tokens, counts, lowercase, min_freq)
+
+
+def vocab_stage(train: Path, output: Path | None = None, *, lowercase: bool = True, min_freq: int = 1,
+                max_size: int | None = None) -> tuple[Vocabulary, Path]:
+    """Build the vocabulary of a prepared split and save it (default: vocab.json beside it)."""
+    train = Path(train)
+    vocabulary = build_vocabulary(train, lowercase=lowercase, min_freq=min_freq, max_size=max_size)
+    return vocabulary, vocabulary.save(output or train.parent / VOCAB_FILENAME)

@@ -1,0 +1,78 @@
+"""The `spinn` console command, run as a user runs it: a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def spinn(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    command = [str(Path(sys.executable).with_name("spinn")), *args]
+    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=300)
+
+
+def test_help_lists_the_stages():
+    result = spinn("--help")
+    assert result.returncode == 0
+    for stage in ("download", "prepare", "vocab", "check-binarization"):
+        assert stage in result.stdout
+
+
+def test_check_binarization_last_line(snli_dev):
+    result = spinn("check-binarization", str(snli_dev))
+    assert result.returncode == 0, result.stderr
+    last = result.stdout.strip().splitlines()[-1]
+    assert last == "agreement 1.0000 (20000/20000)"
+
+
+def test_prepare_then_vocab(snli_train_sample, tmp_path):
+    result = spinn("prepare", str(snli_train_sample), "--output", str(tmp_path), "--split", "train")
+    assert result.returncode == 0, result.stderr
+    assert "read 1024  written" in result.stdout
+    result = spinn("vocab", str(tmp_path / "train.parquet"), "--min-freq", "2")
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "vocab.json").read_text())["min_freq"] == 2
+
+
+def test_user_errors_are_one_line_with_exit_status_1(tmp_path):
+    result = spinn("prepare", str(tmp_path / "missing.jsonl"), "--output", str(tmp_path))
+    assert result.returncode == 1
+    assert result.stderr.strip() == f"error: {tmp_path / 'missing.jsonl'}: no such file"
+
+
+def test_too_many_rejects_prints_the_summary_then_fails(tmp_path):
+    bad = tmp_path / "dev.jsonl"
+    bad.write_text("not json\n")
+    result = spinn("prepare", str(bad), "--output", str(tmp_path / "out"))
+    assert result.returncode == 1
+    assert "rejected malformed_json: 1" in result.stdout
+    assert "more than --max-reject-ratio" in result.stderr
+
+
+def test_download_from_a_local_file_with_checksum_override(tmp_path):
+    import hashlib
+    import zipfile
+
+    archive = tmp_path / "copy.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("snli_1.0/snli_1.0_dev.jsonl", "{}\n")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    raw = tmp_path / "raw"
+    result = spinn("download", "snli", "--raw-dir", str(raw), "--file", str(archive), "--checksum", f"sha256:{digest}")
+    assert result.returncode == 0, result.stderr
+    assert (raw / "snli_1.0" / "snli_1.0_dev.jsonl").read_text() == "{}\n"
+    result = spinn("download", "snli", "--raw-dir", str(raw / "again"), "--file", str(archive))
+    assert result.returncode == 1
+    assert "sha256 mismatch: expected afb3d70a" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_prepare_real_dev_and_test(snli_dev, snli_test, tmp_path):
+    for path in (snli_dev, snli_test):
+        result = spinn("prepare", str(path), "--output", str(tmp_path))
+        assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.parquet")) == ["dev.parquet", "test.parquet"]
