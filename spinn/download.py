@@ -145,6 +145,8 @@ def download_corpus(
     the published checksum, unless `checksum` overrides it too.
     """
     corpus = lookup_corpus(name)
+    if url is not None and file is not None:
+        raise DownloadError(f"{corpus.filename}: give a mirror URL or a local file, not both")
     expected = Checksum.parse(checksum) if checksum is not None else corpus.checksum
     raw_dir = Path(raw_dir)
     raw_dir.mkdir(parents=True, exist_ok=True)

@@ -407,3 +407,9 @@ def test_corrupt_zip_names_archive_and_writes_no_marker(server: LocalServer, raw
     assert (raw / SNLI).read_bytes() == broken
     assert not (raw / "snli_1.0/snli_1.0_dev.jsonl").exists()
     assert not any(name.endswith(".tmp") for name in listing(raw))
+
+
+def test_url_and_file_together_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(SpinnError, match="not both"):
+        download_corpus("snli", tmp_path, url="http://127.0.0.1:9/x.zip", file=tmp_path / "x.zip")
+    assert list(tmp_path.iterdir()) == []
