@@ -66,8 +66,9 @@ def download(corpus: str, raw_dir: Path, url: str | None, local_file: Path | Non
               help="Tree source: the corpus binary parse, or its n-ary parse through our binarizer.")
 @click.option("--max-reject-ratio", type=click.FloatRange(0, 1), default=0.01, show_default=True,
               help="Fail when more than this share of lines is rejected.")
+@click.option("--workers", type=click.IntRange(min=1), help="Parsing processes (default: CPU count, at most 4).")
 def prepare(input_path: Path, output_dir: Path, split: str | None, member: str | None, trees: str,
-            max_reject_ratio: float) -> None:
+            max_reject_ratio: float, workers: int | None) -> None:
     """Convert an SNLI/MultiNLI file (.jsonl/.txt, .gz, or in a zip) into prepared Parquet."""
     from spinn.corpus import TreeSource
     from spinn.prepare import TooManyRejects
@@ -75,7 +76,7 @@ def prepare(input_path: Path, output_dir: Path, split: str | None, member: str |
 
     try:
         summary = prepare_stage(input_path, output_dir, split=split, trees=TreeSource(trees), member=member,
-                                max_reject_ratio=max_reject_ratio)
+                                max_reject_ratio=max_reject_ratio, workers=workers)
     except TooManyRejects as failure:
         click.echo("\n".join(failure.summary.report()))
         raise

@@ -155,62 +155,68 @@ def _corpus_format(name: str) -> str | None:
     return None
 
 
-def iter_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, str, dict[str, Any] | RecordProblem]]:
-    """Yield (line number, raw text, record or the problem reading it) for each non-blank line."""
+@dataclass(frozen=True)
+class LineFormat:
+    """How to read one line: JSON, or tab-separated values under the file's header."""
+
+    header: tuple[str, ...] | None  # None for JSON lines
+
+
+def corpus_lines(stream: IO[bytes], name: str) -> tuple[LineFormat, Iterator[tuple[int, bytes]]]:
+    """The file's line format and its data lines as (1-based line number, raw bytes).
+
+    Lines stay undecoded so that decoding and parsing, the costly part, can run
+    in worker processes; a `.txt` file's header is read here, once.
+    """
     corpus_format = _corpus_format(name)
     if corpus_format is None:
         raise SpinnError(f"{name}: unknown corpus format; expected .jsonl or .txt (optionally .gz)")
+    lines = enumerate(stream, start=1)
     if corpus_format == "jsonl":
-        yield from _jsonl_records(stream)
-    else:
-        yield from _tsv_records(stream)
+        return LineFormat(None), lines
+    first = next(lines, None)
+    header = first[1].decode("utf-8", errors="replace").rstrip("\r\n").split(TSV_SEPARATOR) if first else []
+    return LineFormat(tuple(header)), lines
 
 
-def _decoded_lines(stream: IO[bytes]) -> Iterator[tuple[int, str | RecordProblem, str]]:
-    for number, raw in enumerate(stream, start=1):
-        try:
-            text = raw.decode("utf-8").rstrip("\r\n")
-        except UnicodeDecodeError as error:
-            shown = raw.decode("utf-8", errors="replace").rstrip("\r\n")
-            yield number, RecordProblem(RejectReason.MALFORMED_ENCODING, None, f"not UTF-8: {error.reason}"), shown
-            continue
-        yield number, text, text
+def read_record(raw: bytes, line_format: LineFormat) -> tuple[str, dict[str, Any] | RecordProblem] | None:
+    """(the line as text, its record or the problem reading it); None for a blank line."""
+    try:
+        text = raw.decode("utf-8").rstrip("\r\n")
+    except UnicodeDecodeError as error:
+        shown = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+        return shown, RecordProblem(RejectReason.MALFORMED_ENCODING, None, f"not UTF-8: {error.reason}")
+    if not text.strip():
+        return None
+    if line_format.header is None:
+        return text, _json_record(text)
+    return text, _tsv_record(text, line_format.header)
 
 
-def _jsonl_records(stream: IO[bytes]) -> Iterator[tuple[int, str, dict[str, Any] | RecordProblem]]:
-    for number, text, raw in _decoded_lines(stream):
-        if isinstance(text, RecordProblem):
-            yield number, raw, text
-            continue
-        if not text.strip():
-            continue
-        try:
-            record = json.loads(text)
-        except json.JSONDecodeError as error:
-            yield number, raw, RecordProblem(RejectReason.MALFORMED_JSON, None, f"malformed JSON: {error.msg} at column {error.colno}")
-            continue
-        if not isinstance(record, dict):
-            yield number, raw, RecordProblem(RejectReason.MALFORMED_JSON, None, f"a JSON {type(record).__name__}, expected an object")
-            continue
-        yield number, raw, record
+def iter_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, str, dict[str, Any] | RecordProblem]]:
+    """Yield (line number, raw text, record or the problem reading it) for each non-blank line."""
+    line_format, lines = corpus_lines(stream, name)
+    for number, raw in lines:
+        read = read_record(raw, line_format)
+        if read is not None:
+            yield number, read[0], read[1]
 
 
-def _tsv_records(stream: IO[bytes]) -> Iterator[tuple[int, str, dict[str, Any] | RecordProblem]]:
-    header: list[str] | None = None
-    for number, text, raw in _decoded_lines(stream):
-        if isinstance(text, RecordProblem):
-            yield number, raw, text
-            continue
-        if header is None:
-            header = text.split(TSV_SEPARATOR)
-            continue
-        if not text.strip():
-            continue
-        values = text.split(TSV_SEPARATOR)
-        if len(values) != len(header):
-            yield number, raw, RecordProblem(RejectReason.MALFORMED_ROW, None, f"{len(values)} tab-separated columns, header has {len(header)}")
-            continue
-        yield number, raw, {key: value for key, value in zip(header, values) if value not in ("", "n/a")}
+def _json_record(text: str) -> dict[str, Any] | RecordProblem:
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as error:
+        return RecordProblem(RejectReason.MALFORMED_JSON, None, f"malformed JSON: {error.msg} at column {error.colno}")
+    if not isinstance(record, dict):
+        return RecordProblem(RejectReason.MALFORMED_JSON, None, f"a JSON {type(record).__name__}, expected an object")
+    return record
+
+
+def _tsv_record(text: str, header: tuple[str, ...]) -> dict[str, Any] | RecordProblem:
+    values = text.split(TSV_SEPARATOR)
+    if len(values) != len(header):
+        return RecordProblem(RejectReason.MALFORMED_ROW, None, f"{len(values)} tab-separated columns, header has {len(header)}")
+    return {key: value for key, value in zip(header, values) if value not in ("", "n/a")}
 
 
 # --------------------------------------------------------------------------- records to pairs

@@ -239,3 +239,20 @@ def test_real_snli_dev(snli_dev, tmp_path):
     assert set(table["label"].to_pylist()) == set(LABELS)
     lines = table["source_line"].to_pylist()
     assert lines == sorted(lines) and len(set(lines)) == len(lines)
+
+
+def test_worker_processes_give_the_same_output_as_one(snli_dev, tmp_path, monkeypatch):
+    import spinn.prepare as prepare_module
+
+    monkeypatch.setattr(prepare_module, "CHUNK_LINES", 700)  # many chunks, many in flight
+    with gzip.open(snli_dev, "rt", encoding="utf-8") as stream:
+        lines = stream.read().splitlines()[:3000]
+    for position, (bad, _, _) in zip(range(5, 3000, 401), BAD_LINES):
+        lines.insert(position, bad)
+    corpus = write_jsonl(tmp_path / "dev.jsonl", lines)
+    one = prepare(corpus, tmp_path / "one", workers=1)
+    two = prepare(corpus, tmp_path / "two", workers=2)
+    assert (one.read, one.written, one.skipped, one.rejected) == (two.read, two.written, two.skipped, two.rejected)
+    assert one.rejected_total == 8
+    assert read_pairs(one.output).equals(read_pairs(two.output))
+    assert (tmp_path / "one/dev.rejects.jsonl").read_text() == (tmp_path / "two/dev.rejects.jsonl").read_text()
