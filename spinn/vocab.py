@@ -9,6 +9,7 @@ frequency, then alphabetical, so the same data always yields the same ids
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -92,15 +93,20 @@ def build_vocabulary(train: Path, *, lowercase: bool = True, min_freq: int = 1,
     if lowercase:
         words = pc.utf8_lower(words)
     counted = pc.value_counts(words)
-    pairs = [(token, count) for token, count in zip(counted.field("values").to_pylist(),
-                                                     counted.field("counts").to_pylist())
-             if count >= min_freq and token not in SPECIALS]
-    pairs.sort(key=lambda item: (-item[1], item[0]))
+    counts = zip(counted.field("values").to_pylist(), counted.field("counts").to_pylist())
+    return vocabulary_from_counts(counts, lowercase=lowercase, min_freq=min_freq, max_size=max_size)
+
+
+def vocabulary_from_counts(counts: Iterable[tuple[str, int]], *, lowercase: bool, min_freq: int = 1,
+                           max_size: int | None = None) -> Vocabulary:
+    """Specials, then the words seen at least min_freq times by frequency, ties alphabetical."""
+    kept = sorted(((token, count) for token, count in counts if count >= min_freq and token not in SPECIALS),
+                  key=lambda item: (-item[1], item[0]))
     if max_size is not None:
-        pairs = pairs[: max(0, max_size - len(SPECIALS))]
-    tokens = SPECIALS + tuple(token for token, _ in pairs)
-    counts = (0,) * len(SPECIALS) + tuple(count for _, count in pairs)
-    return Vocabulary(tokens, counts, lowercase, min_freq)
+        kept = kept[: max(0, max_size - len(SPECIALS))]
+    tokens = SPECIALS + tuple(token for token, _ in kept)
+    frequencies = (0,) * len(SPECIALS) + tuple(count for _, count in kept)
+    return Vocabulary(tokens, frequencies, lowercase, min_freq)
 
 
 def vocab_stage(train: Path, output: Path | None = None, *, lowercase: bool = True, min_freq: int = 1,
