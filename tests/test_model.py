@@ -1,0 +1,423 @@
+"""Tests for spinn.model (and spinn.reference): the batched encoder is exactly the tree recursion."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from spinn.batching import PAD_TRANSITION, Batch, Example, corpus_vocabulary, encode_pairs, make_batch, read_raw_pairs
+from spinn.errors import SpinnError
+from spinn.model import (COMPOSE_STRATEGIES, PRESETS, SPINN, VARIANTS, SPINNConfig, random_vectors, spinn_loss,
+                         transition_accuracy)
+from spinn.reference import ReferenceSPINN
+from spinn.transitions import Transition, check_transitions, read_binary_parse, transitions_to_tree
+from spinn.trees import Tree
+
+SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
+needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
+
+FLOAT32_TOLERANCE = 1e-5
+FLOAT64_TOLERANCE = 1e-10
+SMALL = SPINNConfig(variant="spinn", d_embed=12, d_hidden=16, d_tracker=8, mlp_layers=2, mlp_dim=24,
+                    use_batch_norm=True)
+ALL_SETTINGS = [(variant, compose) for variant in VARIANTS for compose in COMPOSE_STRATEGIES]
+TINY_TREES = [("( ( a b ) c )", "( d e )"), ("a", "( b ( c ( d a ) ) )"), ("( ( b c ) ( d e ) )", "c")]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models run fastest on one thread, and on a shared CPU two threads wait on each other."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ----------------------------------------------------------------------------- fixtures and helpers
+
+
+@pytest.fixture(scope="module")
+def snli():
+    """The first 400 real dev pairs, encoded, and their vocabulary size."""
+    if not SNLI_DEV.exists():
+        pytest.skip(f"real SNLI dev split not found at {SNLI_DEV}")
+    pairs = read_raw_pairs(SNLI_DEV)[:400]
+    vocabulary = corpus_vocabulary(pairs)
+    return pairs, encode_pairs(pairs, vocabulary), vocabulary
+
+
+@pytest.fixture(scope="module")
+def mixed(snli):
+    """Twelve real pairs of mixed lengths: the longest, the shortest and some in between."""
+    _, examples, _ = snli
+    by_length = sorted(range(len(examples)), key=lambda i: (examples[i].length, i))
+    chosen = by_length[:3] + by_length[-3:] + by_length[100:400:50]
+    return [examples[i] for i in chosen]
+
+
+def build(config: SPINNConfig, vocab_size: int, dtype: torch.dtype = torch.float32, seed: int = 0) -> SPINN:
+    """A model in eval mode with non-trivial batch-norm statistics."""
+    torch.manual_seed(seed)
+    model = SPINN(config, random_vectors(vocab_size, config.d_embed, seed)).to(dtype)
+    for module in model.modules():
+        if isinstance(module, torch.nn.BatchNorm1d):
+            module.running_mean.uniform_(-0.5, 0.5)
+            module.running_var.uniform_(0.5, 2.0)
+    return model.eval()
+
+
+def tiny_examples(trees=TINY_TREES) -> tuple[list[Example], int]:
+    words = {"a": 2, "b": 3, "c": 4, "d": 5, "e": 6}
+    examples = []
+    for label, (premise, hypothesis) in enumerate(trees):
+        p_tokens, p_transitions = read_binary_parse(premise)
+        h_tokens, h_transitions = read_binary_parse(hypothesis)
+        examples.append(Example(tuple(words[t] for t in p_tokens), tuple(p_transitions),
+                                tuple(words[t] for t in h_tokens), tuple(h_transitions), label % 3))
+    return examples, len(words) + 2
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float) -> None:
+    difference = (actual - expected).abs().max().item()
+    assert difference <= tolerance, f"max difference {difference:.3g} > {tolerance:.1g}"
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_presets_hold_the_paper_settings():
+    for name in ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d"):
+        config = PRESETS[name]
+        assert (config.d_hidden, config.d_embed, config.mlp_dim) == (300, 300, 1024)
+    assert [PRESETS[name].variant for name in ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d")] == list(VARIANTS)
+    assert 61 <= PRESETS["spinn-pi-300d"].d_tracker <= 79 and 61 <= PRESETS["spinn-300d"].d_tracker <= 79
+    assert PRESETS["spinn-300d"].transition_loss_weight == 3.9
+    assert PRESETS["tiny"].d_hidden < 10
+
+
+def test_config_round_trip_and_validation():
+    config = PRESETS["spinn-300d"]
+    assert SPINNConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(SpinnError, match="unknown SPINN config fields"):
+        SPINNConfig.from_dict({**config.to_dict(), "heads": 2})
+    for bad in ({"variant": "rl"}, {"compose": "some"}, {"d_hidden": 0}, {"variant": "pi", "d_tracker": 0},
+                {"embed_dropout": 1.0}, {"mlp_layers": -1}):
+        with pytest.raises(SpinnError):
+            SPINNConfig(**bad)
+    assert SPINNConfig(variant="pi-nt", d_tracker=0).has_tracker is False
+
+
+def test_embedding_matrix_shape_is_checked():
+    with pytest.raises(SpinnError, match="embedding matrix"):
+        SPINN(PRESETS["tiny"], torch.zeros(10, PRESETS["tiny"].d_embed + 1))
+
+
+def test_only_spinn_predicts_transitions():
+    examples, vocab_size = tiny_examples()
+    model = build(dataclasses.replace(PRESETS["tiny"], variant="pi"), vocab_size)
+    with pytest.raises(SpinnError, match="cannot predict"):
+        model(make_batch(examples), predict_transitions=True)
+
+
+# ----------------------------------------------------------------------------- batched = one by one
+
+
+def encode_alone(model: SPINN, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    outputs = [model(make_batch([e])) for e in examples]
+    return (torch.cat([o.logits for o in outputs]), torch.cat([o.premise for o in outputs]),
+            torch.cat([o.hypothesis for o in outputs]))
+
+
+@needs_snli
+@pytest.mark.parametrize("variant, compose", ALL_SETTINGS)
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, FLOAT32_TOLERANCE), (torch.float64, FLOAT64_TOLERANCE)])
+def test_batch_equals_examples_one_by_one(snli, mixed, variant, compose, dtype, tolerance):
+    model = build(dataclasses.replace(SMALL, variant=variant, compose=compose), len(snli[2]), dtype)
+    batch = make_batch(mixed)
+    assert len(set(batch.lengths.tolist())) > 8, "the batch should mix many sentence lengths"
+    with torch.no_grad():
+        together = model(batch)
+        logits, premise, hypothesis = encode_alone(model, mixed)
+    assert_close(together.premise, premise, tolerance)
+    assert_close(together.hypothesis, hypothesis, tolerance)
+    assert_close(together.logits, logits, tolerance)
+
+
+@needs_snli
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_compose_strategies_agree(snli, mixed, variant):
+    batch = make_batch(mixed)
+    needed = build(dataclasses.replace(SMALL, variant=variant), len(snli[2]), torch.float64)
+    every = build(dataclasses.replace(SMALL, variant=variant, compose="all"), len(snli[2]), torch.float64)
+    with torch.no_grad():
+        first, second = needed(batch), every(batch)
+    assert_close(first.logits, second.logits, FLOAT64_TOLERANCE)
+    if first.transition_logits is not None:
+        assert torch.equal(first.transition_logits.isinf(), second.transition_logits.isinf())
+
+
+def recursive_encode(model: SPINN, tree: Tree, ids: dict[str, int]) -> torch.Tensor:
+    """The tree recursion, written from the equations with nothing from spinn.model but its weights."""
+    d = model.config.d_hidden
+    vectors = model.embedding.vectors.weight
+    project, compose = model.embedding.project, model.encoder.reduce.compose
+
+    def walk(node: Tree) -> tuple[torch.Tensor, torch.Tensor]:
+        if node.is_leaf:
+            state = project.weight @ vectors[ids[node.label]] + project.bias
+            return state[:d], state[d:]
+        (h_left, c_left), (h_right, c_right) = (walk(child) for child in node.children)
+        a, i, f_left, f_right, o = (compose.weight @ torch.cat([h_left, h_right]) + compose.bias).chunk(5)
+        c = torch.tanh(a) * torch.sigmoid(i) + torch.sigmoid(f_left) * c_left + torch.sigmoid(f_right) * c_right
+        return torch.sigmoid(o) * torch.tanh(c), c
+
+    return walk(tree)[0]
+
+
+@needs_snli
+def test_pi_nt_matches_a_simple_tree_recursion(snli):
+    pairs, examples, vocabulary = snli
+    config = SPINNConfig(variant="pi-nt", d_embed=12, d_hidden=16, d_tracker=0, mlp_dim=24)
+    model = build(config, len(vocabulary), torch.float64)
+    chosen = list(range(0, 400, 20))
+    with torch.no_grad():
+        output = model(make_batch([examples[i] for i in chosen]))
+        for row, i in enumerate(chosen):
+            for tokens, transitions, encoded in ((pairs[i].premise, pairs[i].premise_transitions, output.premise),
+                                                 (pairs[i].hypothesis, pairs[i].hypothesis_transitions,
+                                                  output.hypothesis)):
+                tree = transitions_to_tree(tokens, transitions)
+                ids = dict(zip(tokens, vocabulary.encode(list(tokens))))
+                expected = recursive_encode(model, tree, ids)
+                assert_close(encoded[row], expected, FLOAT64_TOLERANCE)
+
+
+@needs_snli
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_seed_article_reference_gives_the_same_outputs_and_gradients(snli, mixed, variant):
+    config = dataclasses.replace(SMALL, variant=variant, use_batch_norm=False)
+    model = build(config, len(snli[2]), torch.float64)
+    reference = ReferenceSPINN(model)
+    batch = make_batch(mixed)
+    fast_out, reference_out = model(batch), reference(batch)
+    assert_close(fast_out.logits, reference_out.logits, FLOAT64_TOLERANCE)
+    assert_close(fast_out.premise, reference_out.premise, FLOAT64_TOLERANCE)
+    if variant == "spinn":
+        assert torch.equal(fast_out.transition_logits.isinf(), reference_out.transition_logits.isinf())
+        finite = fast_out.transition_logits.isfinite()
+        assert_close(fast_out.transition_logits[finite], reference_out.transition_logits[finite], FLOAT64_TOLERANCE)
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    fast_grads = torch.autograd.grad(spinn_loss(fast_out, batch, config).total, parameters)
+    reference_grads = torch.autograd.grad(spinn_loss(reference_out, batch, config).total, parameters)
+    for fast_grad, reference_grad in zip(fast_grads, reference_grads):
+        assert_close(fast_grad, reference_grad, FLOAT64_TOLERANCE)
+
+
+def test_inference_path_equals_the_autograd_path():
+    """Without autograd the thin stack skips its autograd functions; the numbers must not change."""
+    examples, vocab_size = tiny_examples()
+    model = build(SMALL, vocab_size, torch.float64)
+    batch = make_batch(examples)
+    with torch.inference_mode():
+        inferred = model(batch)
+    tracked = model(batch)
+    assert tracked.logits.requires_grad
+    assert torch.equal(inferred.logits, tracked.logits.detach())
+    assert torch.equal(inferred.transition_logits, tracked.transition_logits.detach())
+
+
+def test_too_few_steps_for_the_longest_sentence_is_refused():
+    examples, vocab_size = tiny_examples()
+    model = build(PRESETS["tiny"], vocab_size)
+    batch = make_batch(examples)
+    with pytest.raises(SpinnError, match="cannot encode"):
+        model(Batch(batch.tokens, batch.lengths, batch.transitions[:, 1:], batch.labels))
+
+
+def test_reference_runs_on_gold_transitions_only():
+    examples, vocab_size = tiny_examples()
+    with pytest.raises(SpinnError, match="gold transitions only"):
+        ReferenceSPINN(build(PRESETS["tiny"], vocab_size))(make_batch(examples), predict_transitions=True)
+
+
+# ----------------------------------------------------------------------------- gradients and training
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_trainable_parameter_gets_a_gradient(variant):
+    examples, vocab_size = tiny_examples()
+    config = dataclasses.replace(SMALL, variant=variant, embed_dropout=0.1, mlp_dropout=0.1)
+    model = build(config, vocab_size).train()
+    batch = make_batch(examples)
+    spinn_loss(model(batch), batch, config).total.backward()
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
+    assert not model.embedding.vectors.weight.requires_grad
+
+
+@pytest.mark.parametrize("variant, compose", ALL_SETTINGS)
+def test_gradcheck_float64(variant, compose):
+    examples, vocab_size = tiny_examples()
+    config = SPINNConfig(variant=variant, d_embed=3, d_hidden=2, d_tracker=2, mlp_dim=3, compose=compose,
+                         use_batch_norm=True)
+    model = build(config, vocab_size, torch.float64).train()
+    batch = make_batch(examples)
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    inputs = tuple(p.detach().clone().requires_grad_() for p in model.parameters() if p.requires_grad)
+
+    def loss(*parameters: torch.Tensor) -> torch.Tensor:
+        return spinn_loss(functional_call(model, dict(zip(names, parameters)), (batch,)), batch, config).total
+
+    # Full Jacobians for the default strategy; a random projection (fast mode) for the other one.
+    assert torch.autograd.gradcheck(loss, inputs, fast_mode=compose != "needed")
+
+
+def test_repeated_backward_through_one_graph():
+    """The thin stack keeps its gradient in a shared buffer; a second pass must not see the first."""
+    examples, vocab_size = tiny_examples()
+    model = build(PRESETS["tiny"], vocab_size, torch.float64)
+    batch = make_batch(examples)
+    loss = spinn_loss(model(batch), batch, PRESETS["tiny"]).total
+    weight = model.encoder.reduce.compose.weight
+    (first,) = torch.autograd.grad(loss, [weight], retain_graph=True)
+    (second,) = torch.autograd.grad(loss, [weight])
+    assert torch.equal(first, second)
+
+
+@needs_snli
+def test_overfits_sixteen_real_pairs(snli):
+    _, examples, vocabulary = snli
+    config = SPINNConfig(variant="spinn", d_embed=32, d_hidden=32, d_tracker=16, mlp_dim=64)
+    model = build(config, len(vocabulary)).train()
+    batch = make_batch(examples[:16])
+    optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
+    for _ in range(300):
+        optimizer.zero_grad()
+        output = model(batch)
+        spinn_loss(output, batch, config).total.backward()
+        optimizer.step()
+        if (output.logits.argmax(1) == batch.labels).all():
+            break
+    with torch.no_grad():
+        accuracy = (model.eval()(batch).logits.argmax(1) == batch.labels).float().mean().item()
+    assert accuracy == 1.0
+
+
+def test_frozen_embeddings_stay_put_under_training():
+    examples, vocab_size = tiny_examples()
+    model = build(PRESETS["tiny"], vocab_size).train()
+    before = model.embedding.vectors.weight.clone()
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    batch = make_batch(examples)
+    spinn_loss(model(batch), batch, PRESETS["tiny"]).total.backward()
+    optimizer.step()
+    assert torch.equal(model.embedding.vectors.weight, before)
+
+
+# ----------------------------------------------------------------------------- the spinn variant
+
+
+def test_transition_loss_is_weighted_and_ignores_padding():
+    examples, vocab_size = tiny_examples()
+    model = build(PRESETS["tiny"], vocab_size)
+    batch = make_batch(examples)
+    output = model(batch)
+    loss = spinn_loss(output, batch, PRESETS["tiny"])
+    assert loss.total.item() == pytest.approx(loss.classification.item() + 3.9 * loss.transition.item())
+    padding = batch.transitions == PAD_TRANSITION
+    assert (output.transition_logits[padding] == 0).all()
+    assert output.transition_logits[~padding].isfinite().any(-1).all()
+    assert 0.0 <= transition_accuracy(output, batch) <= 1.0
+
+
+def test_illegal_actions_are_masked_where_they_are_illegal():
+    examples, vocab_size = tiny_examples()
+    model = build(PRESETS["tiny"], vocab_size)
+    batch = make_batch(examples)
+    logits = model(batch).transition_logits
+    for row in range(batch.tokens.shape[0]):
+        stack, buffer = 0, int(batch.lengths[row])
+        for step, value in enumerate(batch.transitions[row].tolist()):
+            if value == PAD_TRANSITION:
+                continue
+            for action in Transition:
+                assert logits[row, step, action].isinf().item() == (not action.is_legal(stack, buffer))
+            stack, buffer = (stack + 1, buffer - 1) if value == Transition.SHIFT else (stack - 1, buffer)
+
+
+@needs_snli
+def test_spinn_on_gold_transitions_encodes_like_pi(snli, mixed):
+    pi = build(dataclasses.replace(SMALL, variant="pi"), len(snli[2]), torch.float64)
+    spinn = build(SMALL, len(snli[2]), torch.float64)
+    missing, unexpected = spinn.load_state_dict(pi.state_dict(), strict=False)
+    assert not unexpected and all(name.startswith("encoder.tracker.transition.") for name in missing)
+    batch = make_batch(mixed)
+    with torch.no_grad():
+        assert_close(spinn(batch).logits, pi(batch).logits, FLOAT64_TOLERANCE)
+
+
+@needs_snli
+@pytest.mark.parametrize("compose", COMPOSE_STRATEGIES)
+def test_predicted_transitions_fed_back_as_gold_give_the_same_encoding(snli, mixed, compose):
+    model = build(dataclasses.replace(SMALL, compose=compose), len(snli[2]), torch.float64)
+    batch = make_batch(mixed)
+    with torch.no_grad():
+        predicted = model(batch, predict_transitions=True)
+        replayed = model(Batch(batch.tokens, batch.lengths, predicted.transitions, batch.labels))
+    assert torch.equal(replayed.transitions, predicted.transitions)
+    assert_close(replayed.logits, predicted.logits, FLOAT64_TOLERANCE)
+    assert_close(replayed.premise, predicted.premise, FLOAT64_TOLERANCE)
+
+
+@needs_snli
+@pytest.mark.parametrize("bias", [0.0, 8.0, -8.0])
+def test_predicted_transitions_are_always_legal(snli, bias):
+    """Random weights, pushed towards SHIFT or REDUCE: every row still builds one tree over all its words."""
+    _, examples, vocabulary = snli
+    model = build(SMALL, len(vocabulary), seed=3)
+    with torch.no_grad():
+        model.encoder.tracker.transition.bias.copy_(torch.tensor([0.0, bias]))
+        batch = make_batch(examples[:64])
+        transitions = model(batch, predict_transitions=True).transitions
+    steps = transitions.shape[1]
+    assert steps == 2 * int(batch.lengths.max()) - 1
+    seen = set()
+    for row, length in enumerate(batch.lengths.tolist()):
+        values = transitions[row].tolist()
+        start = steps - (2 * length - 1)
+        assert values[:start] == [PAD_TRANSITION] * start
+        check_transitions(values[start:], length)
+        seen.add(tuple(values[start:]))
+    assert len(seen) > 10, "predictions should differ across sentences"
+
+
+# ----------------------------------------------------------------------------- GPU-oriented paths, run on CPU
+
+
+def test_bf16_autocast_keeps_fp32_cell_state():
+    examples, vocab_size = tiny_examples()
+    model = build(SMALL, vocab_size)
+    batch = make_batch(examples)
+    with torch.no_grad():
+        exact = model(batch)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            mixed_precision = model(batch)
+    assert mixed_precision.premise.dtype == torch.float32
+    assert_close(mixed_precision.premise, exact.premise, 0.05)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # raised inside torch.compile's own imports
+def test_compiled_cells_give_the_same_outputs():
+    examples, vocab_size = tiny_examples()
+    model = build(SMALL, vocab_size)
+    batch = make_batch(examples)
+    with torch.no_grad():
+        expected = model(batch).logits
+        model.compile_cells()
+        assert_close(model(batch).logits, expected, FLOAT32_TOLERANCE)
