@@ -113,5 +113,44 @@ def check_binarization(input_path: Path, member: str | None, show: int) -> None:
     click.echo(agreement.summary_line())
 
 
+@main.command()
+@click.option("--corpus", type=click.Path(path_type=Path), required=True,
+              help="SNLI-format .jsonl(.gz) with binary parses, or a prepared .parquet split.")
+@click.option("--pairs", type=int, help="Resample the corpus to this many pairs (e.g. 550152 for an SNLI epoch).")
+@click.option("--variant", type=click.Choice(["pi-nt", "pi", "spinn"]), default="pi", show_default=True)
+@click.option("--mode", type=click.Choice(["train", "infer"]), default="train", show_default=True)
+@click.option("--impl", type=click.Choice(["fast", "reference"]), default="fast", show_default=True,
+              help="reference: the seed article's per-example stacks, kept only for comparison.")
+@click.option("--compose", type=click.Choice(["needed", "all"]), default="needed", show_default=True,
+              help="Compose only the rows that reduce, or every row at every step.")
+@click.option("--batch-size", type=int, default=128, show_default=True)
+@click.option("--d-hidden", type=int, default=300, show_default=True)
+@click.option("--d-tracker", type=int, default=64, show_default=True)
+@click.option("--d-embed", type=int, default=300, show_default=True)
+@click.option("--steps", type=int, default=20, show_default=True, help="Timed steps.")
+@click.option("--warmup", type=int, default=3, show_default=True, help="Untimed steps first.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True)
+@click.option("--amp/--no-amp", default=False, show_default=True, help="bf16 autocast (cell state stays fp32).")
+@click.option("--compile/--no-compile", "compile_cells", default=False, show_default=True,
+              help="torch.compile the elementwise cells.")
+@click.option("--threads", type=int, help="torch intra-op threads (default: torch's choice).")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON line instead of a summary.")
+def bench(as_json: bool, compile_cells: bool, **settings) -> None:
+    """Time SPINN training or inference steps on real trees and print pairs/s and peak memory."""
+    import json
+
+    from spinn.bench import run_bench
+
+    result = run_bench(compile=compile_cells, **settings)
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    click.echo(f"{result['variant']} {result['mode']} impl={result['impl']} compose={result['compose']} "
+               f"D={result['d_hidden']} batch={result['batch_size']} on {result['device_name']} "
+               f"({result['threads']} threads): {result['pairs_per_second']:.0f} pairs/s, "
+               f"{result['seconds_per_step'] * 1000:.1f} ms/step, peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB")
+
+
 if __name__ == "__main__":
     main()

@@ -18,7 +18,7 @@ def spinn(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[st
 def test_help_lists_the_stages():
     result = spinn("--help")
     assert result.returncode == 0
-    for stage in ("download", "prepare", "vocab", "check-binarization"):
+    for stage in ("download", "prepare", "vocab", "check-binarization", "bench"):
         assert stage in result.stdout
 
 
@@ -76,3 +76,14 @@ def test_prepare_real_dev_and_test(snli_dev, snli_test, tmp_path):
         result = spinn("prepare", str(path), "--output", str(tmp_path))
         assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in tmp_path.glob("*.parquet")) == ["dev.parquet", "test.parquet"]
+
+
+def test_bench_prints_one_json_line(snli_dev):
+    result = spinn("bench", "--corpus", str(snli_dev), "--variant", "spinn", "--mode", "infer", "--batch-size", "8",
+                   "--d-hidden", "16", "--d-tracker", "8", "--d-embed", "16", "--steps", "2", "--warmup", "1",
+                   "--threads", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.strip().splitlines()
+    report = json.loads(line)
+    assert report["pairs_per_second"] > 0 and report["peak_memory_bytes"] > 0
+    assert (report["variant"], report["mode"], report["batch_size"], report["d_hidden"]) == ("spinn", "infer", 8, 16)
