@@ -195,19 +195,21 @@ def verify(path: Path, checksum: Checksum) -> bool:
     return file_digest(path, checksum.algorithm) == checksum.hexdigest
 
 
-def fetch_url(url: str, dest: Path, checksum: Checksum, progress: bool = True) -> None:
+def fetch_url(url: str, dest: Path, checksum: Checksum | None, progress: bool = True) -> None:
     """Download `url` to `dest` through a resumable `.part` file, promoting it only once verified.
 
     A rerun asks for the missing tail with a Range header. A 416 reply means the
     part may already be complete (verify it) or is longer than the file (start
     over); a 206 that does not start where the part ends also starts over.
+    With no checksum (a user's own URL), a finished body is promoted as it is,
+    and a 416 means "complete" only when the server's total size equals the part's.
     """
     part = part_path(dest)
     for _attempt in range(FETCH_ATTEMPTS):
         offset = part.stat().st_size if part.exists() else 0
         with open_stream(url, dest, offset) as response:
             if offset and response.status_code == HTTP_RANGE_NOT_SATISFIABLE:
-                if verify(part, checksum):
+                if part_complete(part, response, checksum):
                     break
                 part.unlink()
                 continue
@@ -223,7 +225,18 @@ def fetch_url(url: str, dest: Path, checksum: Checksum, progress: bool = True) -
             f"{dest.name}: {url} kept answering ranges that do not match the partial download; "
             "expected a 200 or 206 reply"
         )
-    promote(part, dest, checksum, source=url)
+    if checksum is None:
+        os.replace(part, dest)
+    else:
+        promote(part, dest, checksum, source=url)
+
+
+def part_complete(part: Path, response: requests.Response, checksum: Checksum | None) -> bool:
+    """After a 416: is the part the whole file? By its checksum, else by the server's stated size."""
+    if checksum is not None:
+        return verify(part, checksum)
+    _, _, total = response.headers.get("Content-Range", "").rpartition("/")
+    return total.isdigit() and int(total) == part.stat().st_size
 
 
 def open_stream(url: str, dest: Path, offset: int) -> requests.Response:
