@@ -30,7 +30,7 @@ import torch
 from spinn.batching import (Batch, Example, bucket_batches, corpus_vocabulary, encode_pairs, make_batch,
                             padding_fraction, read_raw_pairs)
 from spinn.errors import SpinnError
-from spinn.model import COMPOSE_STRATEGIES, SPINN, VARIANTS, SPINNConfig, random_vectors, spinn_loss
+from spinn.model import COMPOSE_STRATEGIES, SPINN, TREE_VARIANTS, SPINNConfig, random_vectors, spinn_loss
 from spinn.reference import ReferenceSPINN
 
 MODES = ("train", "infer")
@@ -217,4 +217,4 @@ def _cpu_name() -> str:
     return "cpu"
 
 
-__all__ = ["COMPOSE_STRATEGIES", "DEVICES", "IMPLEMENTATIONS", "MODES", "VARIANTS", "run_bench"]
+__all__ = ["COMPOSE_STRATEGIES", "DEVICES", "IMPLEMENTATIONS", "MODES", "TREE_VARIANTS", "run_bench"]

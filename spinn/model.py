@@ -11,6 +11,8 @@ vector. Three variants, chosen by `SPINNConfig.variant`:
 - `spinn`: the tracker also predicts SHIFT/REDUCE. Training supervises it with
   the gold transitions (loss weight alpha); at inference it can run on its own
   predictions, illegal actions masked, so no parser is needed.
+- `cbow`: no tree at all, the mean of the projected word vectors with the same
+  classifier; the sanity baseline every tree model must beat.
 
 Fully batched: premise and hypothesis of B pairs are one batch of N = 2B
 sentences; the only Python loop is over transition steps. All node vectors
@@ -41,7 +43,9 @@ from spinn.errors import SpinnError
 from spinn.schema import LABELS
 from spinn.transitions import Transition
 
-VARIANTS = ("pi-nt", "pi", "spinn")
+TREE_VARIANTS = ("pi-nt", "pi", "spinn")
+BASELINE = "cbow"
+VARIANTS = (*TREE_VARIANTS, BASELINE)
 COMPOSE_STRATEGIES = ("needed", "all")
 N_ACTIONS = len(Transition)
 SHIFT = int(Transition.SHIFT)
@@ -88,7 +92,11 @@ class SPINNConfig:
 
     @property
     def has_tracker(self) -> bool:
-        return self.variant != "pi-nt"
+        return self.variant in ("pi", "spinn")
+
+    @property
+    def uses_trees(self) -> bool:
+        return self.variant in TREE_VARIANTS
 
     @property
     def predicts_transitions(self) -> bool:
@@ -528,7 +536,7 @@ class SPINN(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = WordEmbedding(config, vectors)
-        self.encoder = Encoder(config)
+        self.encoder = Encoder(config) if config.uses_trees else None
         self.classifier = Classifier(config)
 
     def forward(self, batch: Batch, *, predict_transitions: bool = False) -> SPINNOutput:
@@ -542,6 +550,8 @@ class SPINN(nn.Module):
 
     def encode(self, tokens: Tensor, lengths: Tensor, transitions: Tensor | None) -> Encoding:
         """Sentence vectors of N sentences: tokens (N, L), lengths (N,), transitions (N, T) or None."""
+        if self.encoder is None:
+            return self._bag_of_words(tokens, lengths, transitions)
         order = torch.argsort(lengths, descending=True, stable=True)  # (N,)
         tokens, lengths = tokens.index_select(0, order), lengths.index_select(0, order)
         real = torch.arange(tokens.shape[1], device=tokens.device) < lengths[:, None]  # (N, L)
@@ -555,6 +565,16 @@ class SPINN(nn.Module):
                         None if logits is None else logits.index_select(0, inverse),
                         encoding.transitions.index_select(0, inverse))
 
+    def _bag_of_words(self, tokens: Tensor, lengths: Tensor, transitions: Tensor | None) -> Encoding:
+        """cbow: the mean of each sentence's projected word vectors (their h half)."""
+        real = torch.arange(tokens.shape[1], device=tokens.device) < lengths[:, None]  # (N, L)
+        words = self.embedding(tokens[real])[:, : self.config.d_hidden]  # (W, D)
+        sentence = torch.repeat_interleave(torch.arange(lengths.shape[0], device=tokens.device), lengths)  # (W,)
+        sums = words.new_zeros(lengths.shape[0], self.config.d_hidden).index_add(0, sentence, words)  # (N, D)
+        vectors = sums / lengths[:, None].to(sums.dtype)  # (N, D)
+        taken = transitions if transitions is not None else tokens.new_full((tokens.shape[0], 0), PAD_TRANSITION)
+        return Encoding(vectors, None, taken)
+
     @property
     def state_dtype(self) -> torch.dtype:
         """The dtype of h and c: the parameters' (fp32 even when autocast runs the matmuls in bf16)."""
@@ -562,6 +582,8 @@ class SPINN(nn.Module):
 
     def compile_cells(self, **options: Any) -> None:
         """torch.compile the elementwise TreeLSTM/LSTM cells (fuses their ~10 kernels each)."""
+        if self.encoder is None:
+            return
         self.encoder.reduce.cell = torch.compile(tree_lstm, dynamic=True, **options)
         if self.encoder.tracker is not None:
             self.encoder.tracker.cell = torch.compile(lstm, dynamic=True, **options)

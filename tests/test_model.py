@@ -11,7 +11,7 @@ from torch.func import functional_call
 
 from spinn.batching import PAD_TRANSITION, Batch, Example, corpus_vocabulary, encode_pairs, make_batch, read_raw_pairs
 from spinn.errors import SpinnError
-from spinn.model import (COMPOSE_STRATEGIES, PRESETS, SPINN, VARIANTS, SPINNConfig, random_vectors, spinn_loss,
+from spinn.model import (COMPOSE_STRATEGIES, PRESETS, SPINN, TREE_VARIANTS, SPINNConfig, random_vectors, spinn_loss,
                          transition_accuracy)
 from spinn.reference import ReferenceSPINN
 from spinn.transitions import Transition, check_transitions, read_binary_parse, transitions_to_tree
@@ -24,7 +24,7 @@ FLOAT32_TOLERANCE = 1e-5
 FLOAT64_TOLERANCE = 1e-10
 SMALL = SPINNConfig(variant="spinn", d_embed=12, d_hidden=16, d_tracker=8, mlp_layers=2, mlp_dim=24,
                     use_batch_norm=True)
-ALL_SETTINGS = [(variant, compose) for variant in VARIANTS for compose in COMPOSE_STRATEGIES]
+ALL_SETTINGS = [(variant, compose) for variant in TREE_VARIANTS for compose in COMPOSE_STRATEGIES]
 TINY_TREES = [("( ( a b ) c )", "( d e )"), ("a", "( b ( c ( d a ) ) )"), ("( ( b c ) ( d e ) )", "c")]
 
 
@@ -93,7 +93,7 @@ def test_presets_hold_the_paper_settings():
     for name in ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d"):
         config = PRESETS[name]
         assert (config.d_hidden, config.d_embed, config.mlp_dim) == (300, 300, 1024)
-    assert [PRESETS[name].variant for name in ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d")] == list(VARIANTS)
+    assert [PRESETS[name].variant for name in ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d")] == list(TREE_VARIANTS)
     assert 61 <= PRESETS["spinn-pi-300d"].d_tracker <= 79 and 61 <= PRESETS["spinn-300d"].d_tracker <= 79
     assert PRESETS["spinn-300d"].transition_loss_weight == 3.9
     assert PRESETS["tiny"].d_hidden < 10
@@ -148,7 +148,7 @@ def test_batch_equals_examples_one_by_one(snli, mixed, variant, compose, dtype, 
 
 
 @needs_snli
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_compose_strategies_agree(snli, mixed, variant):
     batch = make_batch(mixed)
     needed = build(dataclasses.replace(SMALL, variant=variant), len(snli[2]), torch.float64)
@@ -197,7 +197,7 @@ def test_pi_nt_matches_a_simple_tree_recursion(snli):
 
 
 @needs_snli
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_seed_article_reference_gives_the_same_outputs_and_gradients(snli, mixed, variant):
     config = dataclasses.replace(SMALL, variant=variant, use_batch_norm=False)
     model = build(config, len(snli[2]), torch.float64)
@@ -247,7 +247,7 @@ def test_reference_runs_on_gold_transitions_only():
 # ----------------------------------------------------------------------------- gradients and training
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_every_trainable_parameter_gets_a_gradient(variant):
     examples, vocab_size = tiny_examples()
     config = dataclasses.replace(SMALL, variant=variant, embed_dropout=0.1, mlp_dropout=0.1)
@@ -421,3 +421,25 @@ def test_compiled_cells_give_the_same_outputs():
         expected = model(batch).logits
         model.compile_cells()
         assert_close(model(batch).logits, expected, FLOAT32_TOLERANCE)
+
+
+def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
+    torch.manual_seed(0)
+    model = SPINN(SPINNConfig(variant="cbow", d_embed=8, d_hidden=6, mlp_dim=10), random_vectors(50, 8)).eval()
+    tokens = torch.tensor([[3, 4, 5], [6, 0, 0]])
+    lengths = torch.tensor([3, 1])
+    encoding = model.encode(tokens, lengths, None)
+    projected = model.embedding(torch.tensor([3, 4, 5, 6]))[:, :6]
+    assert torch.allclose(encoding.vectors[0], projected[:3].mean(0), atol=1e-6)
+    assert torch.allclose(encoding.vectors[1], projected[3], atol=1e-6)
+    assert encoding.transition_logits is None
+
+
+def test_cbow_trains_every_parameter():
+    torch.manual_seed(0)
+    model = SPINN(SPINNConfig(variant="cbow", d_embed=8, d_hidden=6, mlp_dim=10), random_vectors(50, 8))
+    batch = make_batch([Example((3, 4), (0, 0, 1), (5,), (0,), 1), Example((6,), (0,), (7, 8), (0, 0, 1), 2)])
+    spinn_loss(model(batch), batch, model.config).total.backward()
+    for name, parameter in model.named_parameters():
+        if parameter.requires_grad:
+            assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
