@@ -114,6 +114,68 @@ def check_binarization(input_path: Path, member: str | None, show: int) -> None:
 
 
 @main.command()
+@click.option("--train", "train_path", type=click.Path(path_type=Path), default=Path("data/prepared/train.parquet"),
+              show_default=True, help="Prepared training split.")
+@click.option("--dev", "dev_path", type=click.Path(path_type=Path), default=Path("data/prepared/dev.parquet"),
+              show_default=True, help="Prepared dev split (periodic evaluation, early stopping, model selection).")
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="params.yaml whose `train` and `embeddings` sections set the run.")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+              help="Override a setting, e.g. --set model.variant=spinn --set max_steps=2000 (repeatable).")
+@click.option("--variant", type=click.Choice(["cbow", "pi-nt", "pi", "spinn"]), help="Shortcut for --set model.variant=...")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Shortcut for --set device=...")
+@click.option("--vocab", "vocab_path", type=click.Path(path_type=Path), help="Vocabulary (default: vocab.json beside --train).")
+@click.option("--output", "output_dir", type=click.Path(path_type=Path), default=Path("data/models"), show_default=True,
+              help="Folder for last.pt, best.pt and report.json.")
+@click.option("--resume", is_flag=True, help="Continue from OUTPUT/last.pt (same MLflow run).")
+@click.option("--run-name", help="MLflow run name.")
+@click.option("--no-register", is_flag=True, help="Do not register the model in the MLflow registry.")
+def train(train_path: Path, dev_path: Path, config_path: Path | None, overrides: tuple[str, ...], variant: str | None,
+          device: str | None, vocab_path: Path | None, output_dir: Path, resume: bool, run_name: str | None,
+          no_register: bool) -> None:
+    """Train a SPINN model with MLflow tracking, checkpoints and model registration."""
+    from spinn.config import load_train_config
+    from spinn.train import train as train_stage
+
+    shortcuts = [f"model.variant={variant}"] if variant else []
+    shortcuts += [f"device={device}"] if device else []
+    config = load_train_config(config_path, [*shortcuts, *overrides])
+    result = train_stage(train_path, dev_path, config, output_dir=output_dir, vocab_path=vocab_path, resume=resume,
+                         run_name=run_name, register=not no_register)
+    click.echo(f"best dev accuracy {result.best_dev_accuracy:.4f} at step {result.best_step} of {result.steps} "
+               f"({result.pairs_per_second:.0f} pairs/s over {result.train_seconds:.0f} s of training)")
+    click.echo(f"checkpoint {result.best_checkpoint}; MLflow run {result.run_id}")
+    if result.model_version is not None:
+        promoted = f", now @{config.alias}" if result.promoted else f"; @{config.alias} stays (it scores higher on dev)"
+        click.echo(f"registered as models:/{config.registered_model}/{result.model_version}{promoted}")
+
+
+@main.command()
+@click.option("--model", "model_reference", required=True,
+              help="Checkpoint path or MLflow model URI (models:/spinn@champion, runs:/ID/model).")
+@click.option("--data", type=click.Path(path_type=Path), required=True, help="Prepared split to score.")
+@click.option("--output", type=click.Path(path_type=Path), default=Path("metrics.json"), show_default=True)
+@click.option("--plot", type=click.Path(path_type=Path), help="Also write the confusion matrix as a PNG here.")
+@click.option("--vocab", type=click.Path(path_type=Path), help="Check the model was trained with this vocabulary.")
+@click.option("--transitions", type=click.Choice(["auto", "gold", "predicted"]), default="auto", show_default=True,
+              help="Run on the parses, or on the model's own transitions (spinn); auto: predicted for spinn.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+def evaluate(model_reference: str, data: Path, output: Path, plot: Path | None, vocab: Path | None, transitions: str,
+             batch_size: int, device: str) -> None:
+    """Score a trained model on a prepared split: accuracy, per-class P/R/F1, confusion matrix."""
+    from spinn.evaluate import evaluate as evaluate_stage
+
+    metrics = evaluate_stage(model_reference, data, output, plot=plot, vocab=vocab, transitions=transitions,
+                             batch_size=batch_size, device=device)
+    line = f"accuracy {metrics.accuracy:.4f} on {metrics.examples} pairs (macro F1 {metrics.macro_f1:.4f})"
+    if metrics.transition_accuracy is not None:
+        line += f", transition accuracy {metrics.transition_accuracy:.4f}"
+    click.echo(line)
+    click.echo(f"metrics written to {output}" + (f", confusion matrix to {plot}" if plot else ""))
+
+
+@main.command()
 @click.option("--corpus", type=click.Path(path_type=Path), required=True,
               help="SNLI-format .jsonl(.gz) with binary parses, or a prepared .parquet split.")
 @click.option("--pairs", type=int, help="Resample the corpus to this many pairs (e.g. 550152 for an SNLI epoch).")

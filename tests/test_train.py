@@ -1,0 +1,193 @@
+"""Training, checkpoints, resume and evaluation, with real MLflow (sqlite) and real SNLI pairs."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from spinn.checkpoint import load_checkpoint, save_checkpoint
+from spinn.config import build_train_config
+from spinn.errors import SpinnError
+from spinn.evaluate import evaluate
+from spinn.prepare import prepare
+from spinn.train import train
+from spinn.vocab import Vocabulary, vocab_stage
+
+TINY_MODEL = {"d_hidden": 16, "d_tracker": 8, "mlp_dim": 32, "mlp_layers": 1}
+DEV_PAIRS = 120
+KILL_RUN_STEPS = 60
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory, snli_train_sample, snli_dev) -> Path:
+    """train: the 1,024 real training pairs; dev: the first DEV_PAIRS real dev pairs; vocab beside them."""
+    folder = tmp_path_factory.mktemp("prepared")
+    prepare(snli_train_sample, folder, split="train")
+    with gzip.open(snli_dev, "rt", encoding="utf-8") as stream:
+        lines = [next(stream) for _ in range(DEV_PAIRS)]
+    (folder / "source").mkdir()
+    (folder / "source" / "dev.jsonl").write_text("".join(lines), encoding="utf-8")
+    prepare(folder / "source" / "dev.jsonl", folder)
+    vocab_stage(folder / "train.parquet")
+    return folder
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch) -> Path:
+    """A project folder with its own MLflow store and embeddings cache."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return tmp_path
+
+
+def tiny_config(**settings):
+    base = {"model": {"variant": "spinn", **TINY_MODEL}, "batch_size": 16, "seed": 7, "device": "cpu",
+            "log_every": 1, "eval_every": 1, "checkpoint_every": 1, "threads": 1}
+    base.update(settings)
+    return build_train_config(base)
+
+
+def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
+    import mlflow
+
+    config = tiny_config(max_steps=2, registered_model="spinn-test")
+    result = train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "models",
+                   progress=False)
+    assert result.steps == 2 and result.model_version == "1" and result.promoted
+    client = mlflow.MlflowClient()
+    run = client.get_run(result.run_id)
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["model.variant"] == "spinn" and params["model.d_embed"] == "50"  # from GloVe 50d
+    assert params["learning_rate"] == str(2e-3) and params["embeddings"] == "glove-6b-50d"
+    assert len(params["data.train_sha256"]) == 64 and params["data.dev_pairs"] == str(DEV_PAIRS - 1)
+    assert run.data.tags["variant"] == "spinn" and run.data.tags["git_commit"]
+    for metric in ("train_loss", "train_accuracy", "dev_accuracy", "dev_transition_accuracy", "learning_rate",
+                   "pairs_per_second", "best_dev_accuracy"):
+        assert metric in run.data.metrics, metric
+    assert [m.step for m in client.get_metric_history(result.run_id, "train_loss")] == [1, 2]
+    artifacts = {item.path for item in client.list_artifacts(result.run_id, "model")}
+    assert artifacts == {"model/checkpoint.pt", "model/vocab.json", "model/config.json"}
+    champion = client.get_model_version_by_alias("spinn-test", "champion")
+    assert str(champion.version) == "1" and champion.run_id == result.run_id
+    contents = load_checkpoint(result.best_checkpoint)
+    assert {"model_state", "optimizer_state", "scheduler_state", "model_config", "train_config", "vocab", "step",
+            "rng", "state"} <= set(contents)
+
+
+def test_alias_moves_only_to_a_better_model(prepared, workdir):
+    first = train(prepared / "train.parquet", prepared / "dev.parquet",
+                  tiny_config(max_steps=12, registered_model="spinn-alias"), output_dir=workdir / "a", progress=False)
+    worse = train(prepared / "train.parquet", prepared / "dev.parquet",
+                  tiny_config(max_steps=1, learning_rate=1e-9, registered_model="spinn-alias"),
+                  output_dir=workdir / "b", progress=False)
+    assert first.promoted
+    assert worse.best_dev_accuracy < first.best_dev_accuracy, "the control run should be worse"
+    assert not worse.promoted and worse.model_version == "2"
+
+
+def test_evaluate_from_checkpoint_and_registry_agree(prepared, workdir):
+    result = train(prepared / "train.parquet", prepared / "dev.parquet",
+                   tiny_config(max_steps=3, registered_model="spinn-eval"), output_dir=workdir / "m", progress=False)
+    from_file = evaluate(result.best_checkpoint, prepared / "dev.parquet", workdir / "a.json",
+                         plot=workdir / "confusion.png", transitions="gold")
+    from_registry = evaluate("models:/spinn-eval@champion", prepared / "dev.parquet", workdir / "b.json",
+                             transitions="gold")
+    assert from_file == from_registry
+    assert from_file.accuracy == pytest.approx(result.best_dev_accuracy)
+    report = json.loads((workdir / "a.json").read_text())
+    assert report["examples"] == DEV_PAIRS - 1 and report["transitions"] == "gold"
+    assert 0.0 <= report["transition_accuracy"] <= 1.0
+    assert (workdir / "confusion.png").read_bytes()[:4] == b"\x89PNG"
+    predicted = evaluate(result.best_checkpoint, prepared / "dev.parquet", workdir / "c.json")
+    assert json.loads((workdir / "c.json").read_text())["transitions"] == "predicted"
+    assert predicted.examples == from_file.examples
+
+
+def test_another_vocabulary_is_refused(prepared, workdir):
+    result = train(prepared / "train.parquet", prepared / "dev.parquet", tiny_config(max_steps=1),
+                   output_dir=workdir / "m", progress=False, register=False)
+    other = Vocabulary.load(prepared / "vocab.json")
+    other = Vocabulary(other.tokens[:-1] + ("zebra-unseen",), other.counts, other.lowercase, other.min_freq)
+    other.save(workdir / "other_vocab.json")
+    with pytest.raises(SpinnError, match="vocabulary .* differs from .*other_vocab.json"):
+        evaluate(result.best_checkpoint, prepared / "dev.parquet", workdir / "x.json", vocab=workdir / "other_vocab.json")
+    with pytest.raises(SpinnError, match="last.pt: checkpoint vocabulary"):
+        train(prepared / "train.parquet", prepared / "dev.parquet", tiny_config(max_steps=2),
+              output_dir=workdir / "m", vocab_path=workdir / "other_vocab.json", resume=True, progress=False)
+
+
+def test_wrong_schema_is_refused(prepared, workdir):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    result = train(prepared / "train.parquet", prepared / "dev.parquet", tiny_config(max_steps=1),
+                   output_dir=workdir / "m", progress=False, register=False)
+    pq.write_table(pa.table({"premise": ["a"]}), workdir / "bad.parquet")
+    with pytest.raises(SpinnError, match="bad.parquet: prepared-pairs schema version none"):
+        evaluate(result.best_checkpoint, workdir / "bad.parquet", workdir / "x.json")
+
+
+def test_checkpoints_never_unpickle_code(tmp_path):
+    class Payload:
+        def __reduce__(self):
+            return (os.system, ("echo should-not-run",))
+
+    torch.save({"format": "spinn.checkpoint", "version": 1, "evil": Payload()}, tmp_path / "evil.pt")
+    with pytest.raises(SpinnError, match="not a readable spinn checkpoint"):
+        load_checkpoint(tmp_path / "evil.pt")
+    save_checkpoint(tmp_path / "ok.pt", {"model_state": {}, "model_config": {}, "vocab": {}, "step": 0})
+    assert load_checkpoint(tmp_path / "ok.pt")["step"] == 0
+
+
+def test_every_torch_load_is_weights_only():
+    root = Path(__file__).resolve().parents[1] / "spinn"
+    for path in root.rglob("*.py"):
+        for number, line in enumerate(path.read_text().splitlines(), start=1):
+            if "torch.load(" in line:
+                assert "weights_only=True" in line, f"{path}:{number}"
+
+
+def spinn_train(*args: str, cwd: Path) -> subprocess.Popen:
+    command = [str(Path(sys.executable).with_name("spinn")), "train", *args]
+    return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+@pytest.mark.slow
+def test_resume_after_kill_reaches_the_same_weights(prepared, workdir):
+    common = ["--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet"), "--no-register",
+              "--set", "model.variant=spinn", *[f"--set=model.{k}={v}" for k, v in TINY_MODEL.items()],
+              "--set", f"max_steps={KILL_RUN_STEPS}", "--set", "checkpoint_every=5", "--set", "eval_every=10",
+              "--set", "batch_size=16", "--set", "seed=3", "--set", "threads=1", "--device", "cpu"]
+    whole = spinn_train(*common, "--output", "whole", cwd=workdir)
+    assert whole.wait(timeout=600) == 0, whole.stdout.read()
+
+    killed = spinn_train(*common, "--output", "killed", cwd=workdir)
+    last = workdir / "killed" / "last.pt"
+    deadline = time.monotonic() + 300
+    while not last.exists() and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=60)
+    assert killed.returncode == -signal.SIGKILL, "the run ended before it could be killed"
+    interrupted_at = load_checkpoint(last)["step"]
+    assert 0 < interrupted_at < KILL_RUN_STEPS
+
+    resumed = spinn_train(*common, "--output", "killed", "--resume", cwd=workdir)
+    assert resumed.wait(timeout=600) == 0, resumed.stdout.read()
+    expected = load_checkpoint(workdir / "whole" / "last.pt")
+    actual = load_checkpoint(last)
+    assert actual["step"] == expected["step"] == KILL_RUN_STEPS
+    for name, tensor in expected["model_state"].items():
+        assert torch.equal(tensor, actual["model_state"][name]), name
+    assert actual["state"]["best_dev_accuracy"] == expected["state"]["best_dev_accuracy"]
+    assert actual["state"]["run_id"] == load_checkpoint(workdir / "killed" / "best.pt")["state"]["run_id"]
