@@ -17,7 +17,6 @@ import gzip
 import hashlib
 import io
 import json
-import os
 import re
 import sys
 import zipfile
@@ -32,7 +31,6 @@ from urllib.parse import urlsplit
 
 import numpy
 import pyarrow.parquet as pq
-import requests
 from tqdm import tqdm
 
 from spinn.atomic import atomic_path

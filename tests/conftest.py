@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.httpserver import LocalServer
 
 _TOOL_HOME = Path(tempfile.mkdtemp(prefix="spinn-tests-"))
 for _name, _value in {
@@ -50,3 +53,29 @@ def snli_test() -> Path:
 @pytest.fixture(scope="session")
 def snli_train_sample() -> Path:
     return _shared_file("snli_1.0_train_first1024.jsonl.gz")
+
+
+@pytest.fixture(autouse=True)
+def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Keep any proxy settings in the environment away from the loopback test servers."""
+    for variable in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def server() -> Iterator[LocalServer]:
+    """A file server on 127.0.0.1 that the test fills, cuts and inspects (tests/httpserver.py)."""
+    with LocalServer() as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Tiny models run fastest on one thread, and on a shared CPU two threads wait on each other."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

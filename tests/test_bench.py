@@ -30,13 +30,7 @@ SETTINGS_ECHOED = ("variant", "mode", "batch_size", "d_hidden", "d_tracker", "d_
                    "impl", "compose", "amp", "compile", "seed")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and on a shared CPU two threads wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture

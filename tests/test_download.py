@@ -7,7 +7,6 @@ import io
 import random
 import stat
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -61,18 +60,6 @@ def assert_one_line(error: pytest.ExceptionInfo[SpinnError]) -> str:
 ARCHIVE = make_zip(MEMBERS, junk=True)
 
 
-@pytest.fixture(autouse=True)
-def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep any proxy settings in the environment away from the loopback server."""
-    for variable in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-
-
-@pytest.fixture
-def server() -> Iterator[LocalServer]:
-    with LocalServer() as running:
-        yield running
 
 
 @pytest.fixture

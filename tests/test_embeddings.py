@@ -6,7 +6,6 @@ import gzip
 import hashlib
 import tracemalloc
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy
@@ -107,18 +106,6 @@ def cache(tmp_path: Path) -> Path:
     return tmp_path / "cache"
 
 
-@pytest.fixture(autouse=True)
-def no_proxy(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Keep any proxy settings in the environment away from the loopback server."""
-    for variable in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
-        monkeypatch.delenv(variable, raising=False)
-    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
-
-
-@pytest.fixture
-def server() -> Iterator[LocalServer]:
-    with LocalServer() as running:
-        yield running
 
 
 @pytest.fixture(scope="module")

@@ -28,13 +28,7 @@ ALL_SETTINGS = [(variant, compose) for variant in TREE_VARIANTS for compose in C
 TINY_TREES = [("( ( a b ) c )", "( d e )"), ("a", "( b ( c ( d a ) ) )"), ("( ( b c ) ( d e ) )", "c")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, and on a shared CPU two threads wait on each other."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ----------------------------------------------------------------------------- fixtures and helpers
