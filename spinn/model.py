@@ -300,8 +300,15 @@ class _Memory:
         return self.h.index_select(0, rows), self.c.index_select(0, rows)
 
     def release(self) -> None:
-        """Free the values once the forward pass is done; backward needs only the gradient buffers."""
+        """Free the values once the forward pass is done; backward needs only the gradient buffers.
+
+        Dropping the token matters most: it is the output of the last _Write, whose
+        autograd node holds this memory, so keeping it would close a reference cycle
+        through C++ autograd nodes that Python's collector cannot break, and every
+        training step's graph would leak.
+        """
         self.h = self.c = None
+        self.token = None
 
     def accumulate(self, rows: Tensor, grad_h: Tensor, grad_c: Tensor | None) -> None:
         if self.grad_h is None:
