@@ -450,8 +450,8 @@ def test_training_steps_leave_no_graph_behind():
     model = SPINN(SPINNConfig(variant="spinn", d_embed=8, d_hidden=6, d_tracker=5, mlp_dim=10), random_vectors(50, 8))
     batch = make_batch([Example((3, 4, 5), (0, 0, 1, 0, 1), (6, 7), (0, 0, 1), 1)])
     gc.collect()
-    before = sum(isinstance(item, _Memory) for item in gc.get_objects())
+    before = sum(type(item) is _Memory for item in gc.get_objects())
     for _ in range(5):
         spinn_loss(model(batch), batch, model.config).total.backward()
     gc.collect()
-    assert sum(isinstance(item, _Memory) for item in gc.get_objects()) == before
+    assert sum(type(item) is _Memory for item in gc.get_objects()) == before
