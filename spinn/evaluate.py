@@ -55,8 +55,7 @@ def load_model(reference: str | Path, device: torch.device, workdir: Path | None
         checkpoint = Path(reference)
     contents = load_checkpoint(checkpoint)
     config = SPINNConfig.from_dict(contents["model_config"])
-    vocab = contents["vocab"]
-    vocabulary = Vocabulary(tuple(vocab["tokens"]), tuple(vocab["counts"]), vocab["lowercase"], vocab["min_freq"])
+    vocabulary = Vocabulary.from_json(contents["vocab"], str(checkpoint))
     model = SPINN(config, torch.zeros(len(vocabulary), config.d_embed))
     try:
         model.load_state_dict(contents["model_state"])

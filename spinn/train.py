@@ -304,15 +304,13 @@ def _evaluate_dev(run: _Run, state: TrainState, tracking) -> int:
 
 
 def _save(run: _Run, state: TrainState, path: Path, metrics: Metrics | None = None) -> None:
-    vocab = run.vocabulary
     save_checkpoint(path, {
         "model_state": run.model.state_dict(),
         "optimizer_state": run.optimizer.state_dict(),
         "scheduler_state": run.scheduler.state_dict(),
         "model_config": run.model.config.to_dict(),
         "train_config": run.config.to_dict(),
-        "vocab": {"tokens": list(vocab.tokens), "counts": list(vocab.counts), "lowercase": vocab.lowercase,
-                  "min_freq": vocab.min_freq},
+        "vocab": run.vocabulary.to_json(),
         "step": state.step,
         "state": asdict(state),
         "rng": rng_states(),

@@ -75,8 +75,13 @@ class Vocabulary:
             raise SpinnError(f"{path}: no such vocabulary file") from None
         except json.JSONDecodeError as error:
             raise SpinnError(f"{path}: not JSON ({error.msg} at line {error.lineno})") from None
+        return cls.from_json(data, str(path))
+
+    @classmethod
+    def from_json(cls, data: object, source: str) -> Vocabulary:
+        """The inverse of to_json, for vocab.json files and checkpoints alike."""
         if not isinstance(data, dict) or data.get("format") != VOCAB_FORMAT or data.get("version") != VOCAB_VERSION:
-            raise SpinnError(f"{path}: not a {VOCAB_FORMAT} version {VOCAB_VERSION} file")
+            raise SpinnError(f"{source}: not a {VOCAB_FORMAT} version {VOCAB_VERSION} file")
         return cls(tuple(data["tokens"]), tuple(data["counts"]), data["lowercase"], data["min_freq"])
 
 
