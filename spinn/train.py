@@ -62,6 +62,8 @@ class TrainState:
     run_id: str | None = None
     train_seconds: float = 0.0
     train_pairs: int = 0
+    model_version: str | None = None
+    registered_best_step: int = -1
 
 
 @dataclass
@@ -323,10 +325,9 @@ def _save(run: _Run, state: TrainState, path: Path, metrics: Metrics | None = No
 
 
 def _finish(run: _Run, state: TrainState, tracking, register: bool) -> TrainResult:
-    """Make sure the best model is evaluated, then log artifacts and register it."""
+    """Make sure the best model is evaluated, then log artifacts and register it (once per best model)."""
     if state.last_eval_step != state.step:
         _evaluate_dev(run, state, tracking)
-    _save(run, state, run.output_dir / LAST_CHECKPOINT)
     best = load_checkpoint(run.output_dir / BEST_CHECKPOINT)
     pairs_per_second = state.train_pairs / state.train_seconds if state.train_seconds else 0.0
     tracking.log_metrics({SELECTION_METRIC: state.best_dev_accuracy, "best_step": state.best_step,
@@ -335,7 +336,13 @@ def _finish(run: _Run, state: TrainState, tracking, register: bool) -> TrainResu
               "best_dev_accuracy": state.best_dev_accuracy, "dev": best["metrics"],
               "train_seconds": state.train_seconds, "pairs_per_second": pairs_per_second,
               "config": run.config.to_dict(), "data": run.data_hashes}
-    version, promoted = _publish(run, state, report, tracking, register)
+    if register and state.registered_best_step == state.best_step:
+        version, promoted = state.model_version, False  # resuming a finished run: this model is registered
+    else:
+        version, promoted = _publish(run, state, report, tracking, register)
+        if version is not None:
+            state.model_version, state.registered_best_step = version, state.best_step
+    _save(run, state, run.output_dir / LAST_CHECKPOINT)
     return TrainResult(state.run_id, state.step, state.best_step, state.best_dev_accuracy,
                        run.output_dir / BEST_CHECKPOINT, run.output_dir / LAST_CHECKPOINT, version, promoted,
                        state.train_seconds, pairs_per_second, best["metrics"] or {})

@@ -84,6 +84,21 @@ def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
             "rng", "state"} <= set(contents)
 
 
+def test_resuming_a_finished_run_registers_nothing_new(prepared, workdir):
+    import mlflow
+
+    config = tiny_config(max_steps=2, registered_model="spinn-once")
+    first = train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "m", progress=False)
+    again = train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "m", resume=True,
+                  progress=False)
+    assert (again.steps, again.run_id, again.model_version) == (first.steps, first.run_id, "1")
+    assert len(mlflow.MlflowClient().search_model_versions("name = 'spinn-once'")) == 1
+    longer = train(prepared / "train.parquet", prepared / "dev.parquet",
+                   tiny_config(max_steps=4, registered_model="spinn-once"), output_dir=workdir / "m", resume=True,
+                   progress=False)
+    assert longer.steps == 4 and longer.run_id == first.run_id
+
+
 def test_alias_moves_only_to_a_better_model(prepared, workdir):
     first = train(prepared / "train.parquet", prepared / "dev.parquet",
                   tiny_config(max_steps=12, registered_model="spinn-alias"), output_dir=workdir / "a", progress=False)
