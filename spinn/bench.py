@@ -30,6 +30,7 @@ import torch
 from spinn.batching import (Batch, Example, bucket_batches, corpus_vocabulary, encode_pairs, make_batch,
                             padding_fraction, read_raw_pairs)
 from spinn.errors import SpinnError
+from spinn.evaluate import resolve_device
 from spinn.model import COMPOSE_STRATEGIES, SPINN, TREE_VARIANTS, SPINNConfig, random_vectors, spinn_loss
 from spinn.reference import ReferenceSPINN
 
@@ -128,8 +129,7 @@ def _check_options(mode: str, impl: str, device: str, steps: int, warmup: int, p
         raise SpinnError(f"--pairs must be at least 1, got {pairs}")
     if threads is not None and threads < 1:
         raise SpinnError(f"--threads must be at least 1, got {threads}")
-    if device == "cuda" and not torch.cuda.is_available():
-        raise SpinnError("--device cuda: this torch build sees no CUDA device")
+    resolve_device(device)
 
 
 def load_examples(corpus: Path, pairs: int | None, seed: int, labelled: bool) -> tuple[list[Example], int]:

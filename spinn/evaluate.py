@@ -18,11 +18,11 @@ from pathlib import Path
 import torch
 
 from spinn.atomic import atomic_path
-from spinn.batching import PAD_TRANSITION, Example, bucket_batches, encode_pairs, make_batch, read_raw_pairs
+from spinn.batching import Example, bucket_batches, encode_pairs, make_batch, read_raw_pairs
 from spinn.checkpoint import check_vocabulary, load_checkpoint
 from spinn.errors import SpinnError
 from spinn.metrics import Metrics, plot_confusion, score
-from spinn.model import SPINN, SPINNConfig
+from spinn.model import SPINN, SPINNConfig, transition_counts
 from spinn.vocab import Vocabulary
 
 EVAL_BATCH_SIZE = 256
@@ -78,18 +78,11 @@ def score_examples(model: SPINN, examples: Sequence[Example], device: torch.devi
             gold.append(batch.labels.cpu())
             predicted.append(output.logits.argmax(1).cpu())
             if output.transition_logits is not None:
-                steps, correct = _transition_agreement(output, batch, predict_transitions)
+                steps, correct = transition_counts(output, batch)
                 total_steps, correct_steps = total_steps + steps, correct_steps + correct
     model.train(was_training)
     transition_accuracy = correct_steps / total_steps if total_steps else None
     return score(torch.cat(gold).numpy(), torch.cat(predicted).numpy(), transition_accuracy)
-
-
-def _transition_agreement(output, batch, predicted_run: bool) -> tuple[int, int]:
-    """(real steps, steps where the tracker's choice is the gold transition)."""
-    real = batch.transitions != PAD_TRANSITION  # (N, T)
-    chosen = output.transitions if predicted_run else output.transition_logits.argmax(-1)  # (N, T)
-    return int(real.sum()), int(((chosen == batch.transitions) & real).sum())
 
 
 def read_examples(path: Path, vocabulary: Vocabulary) -> list[Example]:

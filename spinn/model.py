@@ -608,13 +608,24 @@ def spinn_loss(output: SPINNOutput, batch: Batch, config: SPINNConfig) -> Loss:
     return Loss(classification + config.transition_loss_weight * transition, classification, transition)
 
 
-def transition_accuracy(output: SPINNOutput, batch: Batch) -> float:
-    """Share of real (non-padding) steps where the tracker's best legal action is the gold one."""
+def transition_counts(output: SPINNOutput, batch: Batch) -> tuple[int, int]:
+    """(real steps, steps where the tracker's best legal action is the gold one).
+
+    On a predicted-transitions run the best legal action is the one that ran,
+    so the same count scores both modes. Counts, not a ratio, so callers can
+    sum them over batches.
+    """
     if output.transition_logits is None:
         raise SpinnError("this output has no transition predictions")
-    real = batch.transitions != PAD_TRANSITION
-    predicted = output.transition_logits.argmax(-1)
-    return float((predicted == batch.transitions)[real].float().mean())
+    real = batch.transitions != PAD_TRANSITION  # (N, T)
+    correct = (output.transition_logits.argmax(-1) == batch.transitions) & real  # (N, T)
+    return int(real.sum()), int(correct.sum())
+
+
+def transition_accuracy(output: SPINNOutput, batch: Batch) -> float:
+    """Share of real (non-padding) steps where the tracker's best legal action is the gold one."""
+    steps, correct = transition_counts(output, batch)
+    return correct / steps
 
 
 def random_vectors(vocab_size: int, d_embed: int, seed: int = 0) -> Tensor:

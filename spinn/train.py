@@ -29,6 +29,7 @@ from spinn.atomic import atomic_path
 from spinn.batching import Batch, Example, bucket_batches, make_batch
 from spinn.checkpoint import check_vocabulary, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
 from spinn.config import TrainConfig
+from spinn.download import file_digest
 from spinn.embeddings import OOVPolicy, load_embeddings
 from spinn.errors import SpinnError
 from spinn.evaluate import read_examples, resolve_device, score_examples
@@ -40,7 +41,6 @@ LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"
 REPORT_NAME = "report.json"
 SELECTION_METRIC = "best_dev_accuracy"
-HASH_CHUNK = 1 << 20
 RESUMABLE_CHANGES = frozenset({"max_epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every",
                                "device", "threads"})
 """Settings a resumed run may change: how long it goes on and where it runs, not what it learns."""
@@ -139,7 +139,7 @@ def _build(train_path: Path, dev_path: Path, config: TrainConfig, output_dir: Pa
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     optimizer = torch.optim.RMSprop(trainable, lr=config.learning_rate, weight_decay=config.weight_decay)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=config.lr_decay_steps, gamma=config.lr_decay)
-    hashes = {"train_sha256": file_sha256(train_path), "dev_sha256": file_sha256(dev_path),
+    hashes = {"train_sha256": file_digest(train_path, "sha256"), "dev_sha256": file_digest(dev_path, "sha256"),
               "vocab_sha256": hashlib.sha256("\n".join(vocabulary.tokens).encode()).hexdigest(),
               "embeddings_coverage": f"{report.coverage:.4f}"}
     return _Run(config, model, optimizer, scheduler, vocabulary, read_examples(train_path, vocabulary),
@@ -149,14 +149,6 @@ def _build(train_path: Path, dev_path: Path, config: TrainConfig, output_dir: Pa
 def _fit_embedding_size(model: SPINNConfig, dim: int) -> SPINNConfig:
     """The model takes its embedding size from the vectors; a preset's 300 yields to GloVe 50d."""
     return model if model.d_embed == dim else replace(model, d_embed=dim)
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as stream:
-        while chunk := stream.read(HASH_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _resume(run: _Run) -> TrainState:
