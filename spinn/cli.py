@@ -39,9 +39,12 @@ def main() -> None:
 @click.argument("corpus", type=click.Choice(["snli", "multinli"]))
 @click.option("--raw-dir", type=click.Path(path_type=Path), default=Path("data/raw"), show_default=True,
               help="Folder for the archive and its extracted files.")
-@click.option("--url", help="Fetch from this mirror instead of the official address.")
-@click.option("--file", "local_file", type=click.Path(path_type=Path), help="Copy this local archive instead of fetching.")
-@click.option("--checksum", help="Expected digest, e.g. sha256:HEX or md5:HEX (default: the published one).")
+@click.option("--url", envvar="SPINN_DOWNLOAD_URL", show_envvar=True,
+              help="Fetch from this mirror instead of the official address.")
+@click.option("--file", "local_file", type=click.Path(path_type=Path), envvar="SPINN_DOWNLOAD_FILE", show_envvar=True,
+              help="Copy this local archive instead of fetching.")
+@click.option("--checksum", envvar="SPINN_DOWNLOAD_CHECKSUM", show_envvar=True,
+              help="Expected digest, e.g. sha256:HEX or md5:HEX (default: the published one).")
 @click.option("--no-extract", is_flag=True, help="Only fetch and verify the archive.")
 def download(corpus: str, raw_dir: Path, url: str | None, local_file: Path | None, checksum: str | None,
              no_extract: bool) -> None:
@@ -86,15 +89,53 @@ def prepare(input_path: Path, output_dir: Path, split: str | None, member: str |
 @main.command()
 @click.argument("train", type=click.Path(path_type=Path))
 @click.option("--output", type=click.Path(path_type=Path), help="Where to write (default: vocab.json beside TRAIN).")
-@click.option("--lowercase/--keep-case", default=True, show_default=True)
-@click.option("--min-freq", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="params.yaml whose `vocab` section sets the options below (options given here win).")
+@click.option("--lowercase/--keep-case", default=None, help="Fold case (default: true).")
+@click.option("--min-freq", type=click.IntRange(min=1), help="Keep words seen at least this often (default: 1).")
 @click.option("--max-size", type=click.IntRange(min=2), help="Keep at most this many entries, specials included.")
-def vocab(train: Path, output: Path | None, lowercase: bool, min_freq: int, max_size: int | None) -> None:
+def vocab(train: Path, output: Path | None, config_path: Path | None, lowercase: bool | None, min_freq: int | None,
+          max_size: int | None) -> None:
     """Build the word vocabulary from a prepared training split."""
     from spinn.vocab import vocab_stage
 
-    vocabulary, path = vocab_stage(train, output, lowercase=lowercase, min_freq=min_freq, max_size=max_size)
-    click.echo(f"{path}: {len(vocabulary)} entries (lowercase={lowercase}, min_freq={min_freq})")
+    settings = _section(config_path, "vocab", lowercase=lowercase, min_freq=min_freq, max_size=max_size)
+    vocabulary, path = vocab_stage(train, output, **settings)
+    click.echo(f"{path}: {len(vocabulary)} entries ({', '.join(f'{k}={v}' for k, v in settings.items())})")
+
+
+@main.command()
+@click.option("--vocab", "vocab_path", type=click.Path(path_type=Path), default=Path("data/prepared/vocab.json"),
+              show_default=True, help="The vocabulary to align the vectors to.")
+@click.option("--config", "config_path", type=click.Path(path_type=Path),
+              help="params.yaml whose `embeddings` section sets source, oov and seed (options given here win).")
+@click.option("--source", help="glove-6b-50d (packaged, offline; the default), a GloVe text file, or its URL.")
+@click.option("--oov", type=click.Choice(["random", "zeros"]), help="Vectors for words without one (default: random).")
+@click.option("--seed", type=int, help="Seed of the random OOV vectors (default: 1234).")
+@click.option("--cache-dir", type=click.Path(path_type=Path), default=Path("data/embeddings"), show_default=True,
+              help="Where the aligned matrix is cached; `spinn train` looks here.")
+def embeddings(vocab_path: Path, config_path: Path | None, source: str | None, oov: str | None, seed: int | None,
+               cache_dir: Path) -> None:
+    """Align word vectors to the vocabulary and cache them for training."""
+    from spinn.embeddings import embeddings_stage
+
+    settings = _section(config_path, "embeddings", source=source, oov=oov, seed=seed)
+    report = embeddings_stage(vocab_path, cache_dir=cache_dir, **settings)
+    state = "cached already" if report.from_cache else "aligned and cached"
+    click.echo(f"{report.source}: {report.dim}d vectors for {report.found} of {report.found + report.oov} words "
+               f"({report.coverage:.2%}), {state} in {report.cache_path}")
+
+
+def _section(config_path: Path | None, section: str, **options) -> dict:
+    """A params.yaml section overlaid with the options given on the command line (None = not given)."""
+    from spinn.config import read_params_section
+
+    settings = read_params_section(config_path, section) if config_path is not None else {}
+    unknown = sorted(set(settings) - set(options))
+    if unknown:
+        raise SpinnError(f"{config_path}: unknown {section} settings {unknown}; known: {sorted(options)}")
+    settings.update({key: value for key, value in options.items() if value is not None})
+    return settings
 
 
 @main.command("check-binarization")
@@ -127,27 +168,34 @@ def check_binarization(input_path: Path, member: str | None, show: int) -> None:
 @click.option("--vocab", "vocab_path", type=click.Path(path_type=Path), help="Vocabulary (default: vocab.json beside --train).")
 @click.option("--output", "output_dir", type=click.Path(path_type=Path), default=Path("data/models"), show_default=True,
               help="Folder for last.pt, best.pt and report.json.")
+@click.option("--embeddings-dir", type=click.Path(path_type=Path), default=Path("data/embeddings"), show_default=True,
+              help="Cache of aligned word vectors (`spinn embeddings` fills it).")
+@click.option("--metrics-dir", type=click.Path(path_type=Path),
+              help="Also write train.json and the train/dev curves (CSV) here, for DVC metrics and plots.")
 @click.option("--resume", is_flag=True, help="Continue from OUTPUT/last.pt (same MLflow run).")
 @click.option("--run-name", help="MLflow run name.")
 @click.option("--no-register", is_flag=True, help="Do not register the model in the MLflow registry.")
 def train(train_path: Path, dev_path: Path, config_path: Path | None, overrides: tuple[str, ...], variant: str | None,
-          device: str | None, vocab_path: Path | None, output_dir: Path, resume: bool, run_name: str | None,
-          no_register: bool) -> None:
+          device: str | None, vocab_path: Path | None, output_dir: Path, embeddings_dir: Path, metrics_dir: Path | None,
+          resume: bool, run_name: str | None, no_register: bool) -> None:
     """Train a SPINN model with MLflow tracking, checkpoints and model registration."""
     from spinn.config import load_train_config
     from spinn.train import train as train_stage
+    from spinn.train import write_metrics_files
 
     shortcuts = [f"model.variant={variant}"] if variant else []
     shortcuts += [f"device={device}"] if device else []
     config = load_train_config(config_path, [*shortcuts, *overrides])
-    result = train_stage(train_path, dev_path, config, output_dir=output_dir, vocab_path=vocab_path, resume=resume,
-                         run_name=run_name, register=not no_register)
+    result = train_stage(train_path, dev_path, config, output_dir=output_dir, vocab_path=vocab_path,
+                         embeddings_dir=embeddings_dir, resume=resume, run_name=run_name, register=not no_register)
     click.echo(f"best dev accuracy {result.best_dev_accuracy:.4f} at step {result.best_step} of {result.steps} "
                f"({result.pairs_per_second:.0f} pairs/s over {result.train_seconds:.0f} s of training)")
     click.echo(f"checkpoint {result.best_checkpoint}; MLflow run {result.run_id}")
     if result.model_version is not None:
         promoted = f", now @{config.alias}" if result.promoted else f"; @{config.alias} stays (it scores higher on dev)"
         click.echo(f"registered as models:/{config.registered_model}/{result.model_version}{promoted}")
+    if metrics_dir is not None:
+        click.echo(f"metrics and curves written to {', '.join(map(str, write_metrics_files(result, metrics_dir)))}")
 
 
 @main.command()
@@ -156,18 +204,22 @@ def train(train_path: Path, dev_path: Path, config_path: Path | None, overrides:
 @click.option("--data", type=click.Path(path_type=Path), required=True, help="Prepared split to score.")
 @click.option("--output", type=click.Path(path_type=Path), default=Path("metrics.json"), show_default=True)
 @click.option("--plot", type=click.Path(path_type=Path), help="Also write the confusion matrix as a PNG here.")
+@click.option("--predictions", type=click.Path(path_type=Path),
+              help="Also write actual,predicted per pair as CSV here (DVC's confusion plot).")
+@click.option("--track/--no-track", default=True, show_default=True,
+              help="Log <split>_accuracy and <split>_macro_f1 to the MLflow run that trained the model.")
 @click.option("--vocab", type=click.Path(path_type=Path), help="Check the model was trained with this vocabulary.")
 @click.option("--transitions", type=click.Choice(["auto", "gold", "predicted"]), default="auto", show_default=True,
               help="Run on the parses, or on the model's own transitions (spinn); auto: predicted for spinn.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-def evaluate(model_reference: str, data: Path, output: Path, plot: Path | None, vocab: Path | None, transitions: str,
-             batch_size: int, device: str) -> None:
+def evaluate(model_reference: str, data: Path, output: Path, plot: Path | None, predictions: Path | None, track: bool,
+             vocab: Path | None, transitions: str, batch_size: int, device: str) -> None:
     """Score a trained model on a prepared split: accuracy, per-class P/R/F1, confusion matrix."""
     from spinn.evaluate import evaluate as evaluate_stage
 
-    metrics = evaluate_stage(model_reference, data, output, plot=plot, vocab=vocab, transitions=transitions,
-                             batch_size=batch_size, device=device)
+    metrics = evaluate_stage(model_reference, data, output, plot=plot, predictions=predictions, vocab=vocab,
+                             transitions=transitions, batch_size=batch_size, device=device, track=track)
     line = f"accuracy {metrics.accuracy:.4f} on {metrics.examples} pairs (macro F1 {metrics.macro_f1:.4f})"
     if metrics.transition_accuracy is not None:
         line += f", transition accuracy {metrics.transition_accuracy:.4f}"

@@ -40,6 +40,8 @@ class TrainConfig:
     model: SPINNConfig = field(default_factory=lambda: PRESETS["spinn-pi-300d"])
     embeddings: str = "glove-6b-50d"
     oov: str = "random"
+    embeddings_seed: int = 1234
+    """Seeds the random vectors of words without one; apart from `seed` so the embeddings stage owns it."""
     learning_rate: float = PAPER_OPTIMIZATION["pi"][0]
     weight_decay: float = PAPER_OPTIMIZATION["pi"][1]
     lr_decay: float = 0.75
@@ -89,10 +91,10 @@ class TrainConfig:
 
 def load_train_config(path: Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
     """params.yaml's `train` and `embeddings` sections, then `key=value` overrides (dotted keys)."""
-    sections = _read_params(path) if path is not None else {}
-    train = dict(sections.get("train") or {})
-    embeddings = sections.get("embeddings") or {}
-    for key, value in (("embeddings", embeddings.get("source")), ("oov", embeddings.get("oov"))):
+    train = read_params_section(path, "train") if path is not None else {}
+    embeddings = read_params_section(path, "embeddings") if path is not None else {}
+    for key, value in (("embeddings", embeddings.get("source")), ("oov", embeddings.get("oov")),
+                       ("embeddings_seed", embeddings.get("seed"))):
         if value is not None:
             train.setdefault(key, value)
     for override in overrides or []:
@@ -124,6 +126,16 @@ def _known(cls: type, settings: dict[str, Any], section: str) -> dict[str, Any]:
     if unknown:
         raise SpinnError(f"unknown {section} settings {unknown}; known: {sorted(names)}")
     return settings
+
+
+def read_params_section(path: Path, section: str) -> dict[str, Any]:
+    """One stage's section of params.yaml (empty when absent), checked to be a mapping."""
+    value = _read_params(path).get(section)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpinnError(f"{path}: section {section!r} must be a mapping, got {type(value).__name__}")
+    return dict(value)
 
 
 def _read_params(path: Path) -> dict[str, Any]:

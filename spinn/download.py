@@ -40,6 +40,9 @@ HTTP_TIMEOUT = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
 HTTP_OK = 200
 HTTP_PARTIAL_CONTENT = 206
 HTTP_RANGE_NOT_SATISFIABLE = 416
+HTTP_SERVER_ERROR = 500
+RETRYABLE_STATUSES = frozenset({408, 425, 429})
+"""Request timeout, too early, too many requests: the server asks to come back later."""
 FETCH_ATTEMPTS = 2
 """One try that resumes the `.part`, and one fresh start if the server's reply shows the part is unusable."""
 PART_SUFFIX = ".part"
@@ -55,11 +58,16 @@ UNIX_MODE_SHIFT = 16
 
 
 class DownloadError(SpinnError):
-    """A download, verification or extraction failure, always reported on one line."""
+    """A download, verification or extraction failure, always reported on one line.
 
-    def __init__(self, message: str) -> None:
+    `retryable` marks failures that trying again can fix (the network, a busy
+    server); orchestrators retry only those, never a wrong checksum or a 404.
+    """
+
+    def __init__(self, message: str, *, retryable: bool = False) -> None:
         """Collapse any whitespace run so messages quoting server text stay one line."""
         super().__init__(" ".join(message.split()))
+        self.retryable = retryable
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,8 @@ class Corpus:
     url: str
     filename: str
     checksum: Checksum
+    splits: dict[str, str]
+    """The pipeline's train / dev / test splits -> their files inside the archive."""
 
 
 CORPORA: dict[str, Corpus] = {
@@ -108,12 +118,16 @@ CORPORA: dict[str, Corpus] = {
         url="https://nlp.stanford.edu/projects/snli/snli_1.0.zip",
         filename="snli_1.0.zip",
         checksum=Checksum("sha256", "afb3d70a5af5d8de0d9d81e2637e0fb8c22d1235c2749d83125ca43dab0dbd3e"),
+        splits={"train": "snli_1.0_train.jsonl", "dev": "snli_1.0_dev.jsonl", "test": "snli_1.0_test.jsonl"},
     ),
     "multinli": Corpus(
         name="multinli",
         url="https://cims.nyu.edu/~sbowman/multinli/multinli_1.0.zip",
         filename="multinli_1.0.zip",
         checksum=Checksum("sha256", "049f507b9e36b1fcb756cfd5aeb3b7a0cfcb84bf023793652987f7e7e0957822"),
+        # MultiNLI's test labels are not public: the mismatched dev set is the held-out test.
+        splits={"train": "multinli_1.0_train.jsonl", "dev": "multinli_1.0_dev_matched.jsonl",
+                "test": "multinli_1.0_dev_mismatched.jsonl"},
     ),
 }
 
@@ -252,7 +266,8 @@ def open_stream(url: str, dest: Path, offset: int) -> requests.Response:
     except requests.RequestException as exc:
         raise DownloadError(
             f"{dest.name}: cannot reach {url} ({type(exc).__name__}: {exc}); expected the archive"
-            f"{kept_note(dest, offset)}"
+            f"{kept_note(dest, offset)}",
+            retryable=True,
         ) from exc
 
 
@@ -267,7 +282,8 @@ def check_status(response: requests.Response, url: str, dest: Path, offset: int)
     if response.status_code not in (HTTP_OK, HTTP_PARTIAL_CONTENT):
         raise DownloadError(
             f"{dest.name}: HTTP {response.status_code} {response.reason} from {url}; "
-            f"expected 200 OK with the archive{kept_note(dest, offset)}"
+            f"expected 200 OK with the archive{kept_note(dest, offset)}",
+            retryable=response.status_code in RETRYABLE_STATUSES or response.status_code >= HTTP_SERVER_ERROR,
         )
 
 
@@ -307,13 +323,15 @@ def stream_to_part(
             sync(handle)
             raise DownloadError(
                 f"{dest.name}: connection to {url} broke after {start + received} bytes "
-                f"({type(exc).__name__}); partial download kept, rerun to resume"
+                f"({type(exc).__name__}); partial download kept, rerun to resume",
+                retryable=True,
             ) from exc
         sync(handle)
     if body_bytes is not None and received < body_bytes:
         raise DownloadError(
             f"{dest.name}: {url} sent {start + received} of {total} bytes; "
-            "partial download kept, rerun to resume"
+            "partial download kept, rerun to resume",
+            retryable=True,
         )
 
 

@@ -551,3 +551,16 @@ def fetch_source(url: str, cache_dir: Path, checksum: Checksum | None, progress:
     return dest
 
 
+
+
+def embeddings_stage(vocab_path: Path, *, source: str = "glove-6b-50d", oov: OOVPolicy | str = OOVPolicy.RANDOM,
+                     seed: int = 1234, cache_dir: Path = DEFAULT_CACHE_DIR, progress: bool = True) -> EmbeddingReport:
+    """Align `source` to a saved vocabulary and cache the matrix where training will look for it.
+
+    As a stage of its own, the slow part (reading a 2 GB text file, or a
+    download) runs once per vocabulary and settings, and `spinn train` with
+    the same `embeddings` settings finds the matrix in `cache_dir`.
+    """
+    vocabulary = Vocabulary.load(Path(vocab_path))
+    _, report = load_embeddings(source, vocabulary, cache_dir=Path(cache_dir), oov=oov, seed=seed, progress=progress)
+    return report

@@ -9,20 +9,29 @@ periodic dev evaluation.
 
 from __future__ import annotations
 
+import csv
 import json
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy
 import torch
 
 from spinn.atomic import atomic_path
-from spinn.batching import Example, bucket_batches, encode_pairs, make_batch, read_raw_pairs
+from spinn.batching import (
+    Example,
+    bucket_batches,
+    encode_pairs,
+    make_batch,
+    read_raw_pairs,
+)
 from spinn.checkpoint import check_vocabulary, load_checkpoint
 from spinn.errors import SpinnError
 from spinn.metrics import Metrics, plot_confusion, score
 from spinn.model import SPINN, SPINNConfig, transition_counts
+from spinn.schema import LABELS
 from spinn.vocab import Vocabulary
 
 EVAL_BATCH_SIZE = 256
@@ -64,9 +73,21 @@ def load_model(reference: str | Path, device: torch.device, workdir: Path | None
     return LoadedModel(model.to(device).eval(), vocabulary, checkpoint, contents)
 
 
-def score_examples(model: SPINN, examples: Sequence[Example], device: torch.device, *,
-                   batch_size: int = EVAL_BATCH_SIZE, predict_transitions: bool = False) -> Metrics:
-    """Accuracy and friends of `model` on labelled examples (length-sorted batches, no dropout)."""
+@dataclass(frozen=True)
+class Predictions:
+    """Gold and predicted class indices of labelled examples, in scoring order."""
+
+    gold: numpy.ndarray  # (N,) int64
+    predicted: numpy.ndarray  # (N,) int64
+    transition_accuracy: float | None
+
+    def metrics(self) -> Metrics:
+        return score(self.gold, self.predicted, self.transition_accuracy)
+
+
+def predict_examples(model: SPINN, examples: Sequence[Example], device: torch.device, *,
+                     batch_size: int = EVAL_BATCH_SIZE, predict_transitions: bool = False) -> Predictions:
+    """Run `model` over labelled examples (length-sorted batches, no dropout) and keep every prediction."""
     was_training = model.training
     model.eval()
     gold, predicted = [], []
@@ -82,7 +103,14 @@ def score_examples(model: SPINN, examples: Sequence[Example], device: torch.devi
                 total_steps, correct_steps = total_steps + steps, correct_steps + correct
     model.train(was_training)
     transition_accuracy = correct_steps / total_steps if total_steps else None
-    return score(torch.cat(gold).numpy(), torch.cat(predicted).numpy(), transition_accuracy)
+    return Predictions(torch.cat(gold).numpy(), torch.cat(predicted).numpy(), transition_accuracy)
+
+
+def score_examples(model: SPINN, examples: Sequence[Example], device: torch.device, *,
+                   batch_size: int = EVAL_BATCH_SIZE, predict_transitions: bool = False) -> Metrics:
+    """Accuracy and friends of `model` on labelled examples."""
+    return predict_examples(model, examples, device, batch_size=batch_size,
+                            predict_transitions=predict_transitions).metrics()
 
 
 def read_examples(path: Path, vocabulary: Vocabulary) -> list[Example]:
@@ -94,27 +122,62 @@ def read_examples(path: Path, vocabulary: Vocabulary) -> list[Example]:
 
 
 def evaluate(model_reference: str | Path, data: Path, output: Path, *, plot: Path | None = None,
-             vocab: Path | None = None, transitions: str = "auto", batch_size: int = EVAL_BATCH_SIZE,
-             device: str = "auto") -> Metrics:
-    """Score a model on a prepared split; write metrics JSON (and the confusion PNG).
+             predictions: Path | None = None, vocab: Path | None = None, transitions: str = "auto",
+             batch_size: int = EVAL_BATCH_SIZE, device: str = "auto", track: bool = True) -> Metrics:
+    """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV).
 
     transitions: `gold` runs on the parses, `predicted` on the tracker's own
     transitions (spinn only, no parser needed), `auto` picks predicted for
     spinn, as the paper tested it, and gold otherwise.
+
+    track: also log `<split>_accuracy` and `<split>_macro_f1` to the MLflow run
+    that trained the model, so the MLflow UI compares runs on held-out data
+    too; a model whose run is not in the current store is scored all the same.
     """
     loaded = load_model(model_reference, resolve_device(device))
     if vocab is not None:
         check_vocabulary(loaded.contents, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
     predict = _predicted_run(transitions, loaded.model.config)
-    metrics = score_examples(loaded.model, read_examples(data, loaded.vocabulary), next(loaded.model.parameters()).device,
-                             batch_size=batch_size, predict_transitions=predict)
+    found = predict_examples(loaded.model, read_examples(data, loaded.vocabulary),
+                             next(loaded.model.parameters()).device, batch_size=batch_size,
+                             predict_transitions=predict)
+    metrics = found.metrics()
     report = {**metrics.to_json(), "model": str(model_reference), "data": str(data),
               "variant": loaded.model.config.variant, "transitions": "predicted" if predict else "gold"}
     with atomic_path(Path(output)) as temporary:
         temporary.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
     if plot is not None:
         plot_confusion(metrics, plot, title=f"{loaded.model.config.variant} on {Path(data).name}")
+    if predictions is not None:
+        write_predictions(found, Path(predictions))
+    if track:
+        _log_to_training_run(loaded.contents, split_name(Path(data)), metrics)
     return metrics
+
+
+def write_predictions(found: Predictions, path: Path) -> Path:
+    """`actual,predicted` label names per example: the input of DVC's confusion-matrix plot."""
+    with atomic_path(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["actual", "predicted"])
+        writer.writerows((LABELS[gold], LABELS[predicted]) for gold, predicted in zip(found.gold, found.predicted))
+    return path
+
+
+def split_name(data: Path) -> str:
+    """`data/prepared/test.parquet` -> `test`: the prefix of the metrics logged to MLflow."""
+    return Path(data).name.removesuffix(".parquet")
+
+
+def _log_to_training_run(contents: dict, split: str, metrics: Metrics) -> None:
+    from spinn import tracking
+
+    run_id = (contents.get("state") or {}).get("run_id")
+    values = {f"{split}_accuracy": metrics.accuracy, f"{split}_macro_f1": metrics.macro_f1}
+    if metrics.transition_accuracy is not None:
+        values[f"{split}_transition_accuracy"] = metrics.transition_accuracy
+    if run_id is not None:
+        tracking.log_run_metrics(run_id, values, step=contents.get("step", 0))
 
 
 def _predicted_run(transitions: str, config: SPINNConfig) -> bool:

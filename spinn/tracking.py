@@ -65,6 +65,53 @@ def log_metrics(metrics: dict[str, float], step: int) -> None:
     _mlflow().log_metrics({key: float(value) for key, value in metrics.items()}, step=step)
 
 
+def _client():
+    return _mlflow().MlflowClient()
+
+
+def run_exists(run_id: str) -> bool:
+    """Whether `run_id` is in this store (a checkpoint may come from another machine's store)."""
+    try:
+        _client().get_run(run_id)
+    except Exception:  # MlflowException (RESOURCE_DOES_NOT_EXIST) or a store that cannot be read
+        return False
+    return True
+
+
+def log_run_metrics(run_id: str, metrics: dict[str, float], step: int = 0) -> bool:
+    """Add metrics to a finished run (e.g. test scores to the training run); False when it is not here."""
+    if not run_exists(run_id):
+        return False
+    client = _client()
+    for key, value in metrics.items():
+        client.log_metric(run_id, key, float(value), step=step)
+    return True
+
+
+def tag_run(run_id: str, tags: dict[str, str]) -> None:
+    client = _client()
+    for key, value in tags.items():
+        client.set_tag(run_id, key, value)
+
+
+def metric_history(run_id: str, keys: list[str]) -> dict[str, dict[int, float]]:
+    """`{key: {step: value}}`; where a resumed run logged a step twice, the later value wins."""
+    client = _client()
+    history: dict[str, dict[int, float]] = {}
+    for key in keys:
+        points = sorted(client.get_metric_history(run_id, key), key=lambda metric: metric.timestamp)
+        history[key] = {point.step: point.value for point in points}
+    return history
+
+
+def run_summary(run_id: str) -> dict[str, Any]:
+    """The run's experiment, name, status and latest metrics: what the Prefect artifacts show."""
+    run = _client().get_run(run_id)
+    return {"run_id": run_id, "experiment_id": run.info.experiment_id, "run_name": run.info.run_name,
+            "status": run.info.status, "artifact_uri": run.info.artifact_uri, "metrics": dict(run.data.metrics),
+            "tracking_uri": tracking_uri()}
+
+
 def log_artifact(path: Path, artifact_dir: str | None = None) -> None:
     _mlflow().log_artifact(str(path), artifact_path=artifact_dir)
 
@@ -85,37 +132,48 @@ def git_commit(directory: Path = Path(".")) -> str:
     return result.stdout.strip() or "unknown"
 
 
-def register(name: str, run_id: str, metrics: dict[str, float], description: str = "") -> str:
-    """Register the run's `model/` folder as a new version of `name`; returns the version.
-
-    The version carries its selection metrics as tags, because a resumed run
-    keeps logging to the same run and the run's latest value would no longer
-    describe an older version.
-    """
-    mlflow = _mlflow()
-    client = mlflow.MlflowClient()
+def register(name: str, run_id: str, tags: dict[str, str], description: str = "") -> str:
+    """Register the run's `model/` folder as a new version of `name`, with `tags`; returns the version."""
+    client = _client()
     if not client.search_registered_models(filter_string=f"name = '{name}'"):
         client.create_registered_model(name)
     run_info = client.get_run(run_id).info
     source = f"{run_info.artifact_uri}/{MODEL_ARTIFACT_DIR}"
-    tags = {key: repr(float(value)) for key, value in metrics.items()}
     version = client.create_model_version(name, source, run_id=run_id, description=description, tags=tags)
     return str(version.version)
 
 
-def alias_metric(name: str, alias: str, metric: str) -> float | None:
-    """The metric recorded on the version behind `name@alias`, or None when the alias is not set yet."""
-    client = _mlflow().MlflowClient()
+def versions_of_run(name: str, run_id: str) -> list[tuple[str, dict[str, str]]]:
+    """(version, tags) of every version of `name` registered from `run_id`."""
+    client = _client()
+    if not client.search_registered_models(filter_string=f"name = '{name}'"):
+        return []
+    found = client.search_model_versions(filter_string=f"name = '{name}' and run_id = '{run_id}'")
+    return [(str(version.version), dict(version.tags)) for version in found]
+
+
+def _alias_target(name: str, alias: str):
     try:
-        version = client.get_model_version_by_alias(name, alias)
+        return _client().get_model_version_by_alias(name, alias)
     except Exception:  # MlflowException when either the model or the alias does not exist
         return None
-    value = version.tags.get(metric)
+
+
+def alias_version(name: str, alias: str) -> str | None:
+    """The version behind `name@alias`, or None when the alias is not set yet."""
+    target = _alias_target(name, alias)
+    return None if target is None else str(target.version)
+
+
+def alias_metric(name: str, alias: str, metric: str) -> float | None:
+    """The metric recorded on the version behind `name@alias`, or None when the alias is not set yet."""
+    target = _alias_target(name, alias)
+    value = None if target is None else target.tags.get(metric)
     return None if value is None else float(value)
 
 
 def set_alias(name: str, alias: str, version: str) -> None:
-    _mlflow().MlflowClient().set_registered_model_alias(name, alias, version)
+    _client().set_registered_model_alias(name, alias, version)
 
 
 def is_model_uri(reference: str) -> bool:

@@ -13,6 +13,7 @@ that was never interrupted.
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import json
 import random
@@ -27,20 +28,31 @@ from tqdm import tqdm
 
 from spinn.atomic import atomic_path
 from spinn.batching import Batch, Example, bucket_batches, make_batch
-from spinn.checkpoint import check_vocabulary, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
+from spinn.checkpoint import (
+    check_vocabulary,
+    load_checkpoint,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
 from spinn.config import TrainConfig
 from spinn.download import file_digest
-from spinn.embeddings import OOVPolicy, load_embeddings
+from spinn.embeddings import DEFAULT_CACHE_DIR, OOVPolicy, load_embeddings
 from spinn.errors import SpinnError
 from spinn.evaluate import read_examples, resolve_device, score_examples
 from spinn.metrics import Metrics
 from spinn.model import SPINN, SPINNConfig, spinn_loss
+from spinn.registry import SELECTION_METRIC
 from spinn.vocab import VOCAB_FILENAME, Vocabulary
 
 LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"
 REPORT_NAME = "report.json"
-SELECTION_METRIC = "best_dev_accuracy"
+TRAIN_METRICS_NAME = "train.json"
+TRAIN_CURVE_NAME = "train_curve.csv"
+DEV_CURVE_NAME = "dev_curve.csv"
+TRAIN_CURVE_KEYS = ["train_loss", "train_accuracy"]
+DEV_CURVE_KEYS = ["dev_accuracy", "dev_transition_accuracy"]
 RESUMABLE_CHANGES = frozenset({"max_epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every",
                                "device", "threads"})
 """Settings a resumed run may change: how long it goes on and where it runs, not what it learns."""
@@ -98,15 +110,15 @@ class _Run:
 
 
 def train(train_path: Path, dev_path: Path, config: TrainConfig, *, output_dir: Path = Path("data/models"),
-          vocab_path: Path | None = None, resume: bool = False, run_name: str | None = None,
-          register: bool = True, progress: bool = True) -> TrainResult:
+          vocab_path: Path | None = None, embeddings_dir: Path = DEFAULT_CACHE_DIR, resume: bool = False,
+          run_name: str | None = None, register: bool = True, progress: bool = True) -> TrainResult:
     """Train until max_steps, max_epochs or early stopping; see the module docstring."""
     from spinn import tracking
 
     if config.threads is not None:
         torch.set_num_threads(config.threads)
     output_dir = Path(output_dir)
-    run = _build(Path(train_path), Path(dev_path), config, output_dir, vocab_path, progress)
+    run = _build(Path(train_path), Path(dev_path), config, output_dir, vocab_path, Path(embeddings_dir), progress)
     state = _resume(run) if resume and (output_dir / LAST_CHECKPOINT).exists() else TrainState()
     if resume and not (output_dir / LAST_CHECKPOINT).exists() and progress:
         tqdm.write(f"no {output_dir / LAST_CHECKPOINT} to resume from; starting a new run")
@@ -123,13 +135,13 @@ def train(train_path: Path, dev_path: Path, config: TrainConfig, *, output_dir: 
 
 
 def _build(train_path: Path, dev_path: Path, config: TrainConfig, output_dir: Path, vocab_path: Path | None,
-           progress: bool) -> _Run:
+           embeddings_dir: Path, progress: bool) -> _Run:
     vocab_path = vocab_path or train_path.parent / VOCAB_FILENAME
     if not vocab_path.exists():
         raise SpinnError(f"{vocab_path}: no vocabulary; run `spinn vocab {train_path}` first or pass --vocab")
     vocabulary = Vocabulary.load(vocab_path)
-    vectors, report = load_embeddings(config.embeddings, vocabulary, oov=OOVPolicy(config.oov), seed=config.seed,
-                                      progress=progress)
+    vectors, report = load_embeddings(config.embeddings, vocabulary, cache_dir=embeddings_dir,
+                                      oov=OOVPolicy(config.oov), seed=config.embeddings_seed, progress=progress)
     model_config = _fit_embedding_size(config.model, vectors.shape[1])
     config = replace(config, model=model_config)
     device = resolve_device(config.device)
@@ -342,11 +354,14 @@ def _finish(run: _Run, state: TrainState, tracking, register: bool) -> TrainResu
 
 def _publish(run: _Run, state: TrainState, report: dict, tracking, register: bool) -> tuple[str | None, bool]:
     """Log the model folder (checkpoint, vocab, config) and the report; register; move the alias if better."""
+    from spinn.registry import register_model
+
     config = run.config
+    best = run.output_dir / BEST_CHECKPOINT
     with tempfile.TemporaryDirectory(prefix="spinn-publish-") as folder:
         folder = Path(folder)
         checkpoint = folder / tracking.CHECKPOINT_NAME
-        checkpoint.write_bytes((run.output_dir / BEST_CHECKPOINT).read_bytes())
+        checkpoint.write_bytes(best.read_bytes())
         run.vocabulary.save(folder / VOCAB_FILENAME)
         (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
         tracking.log_model_files([checkpoint, folder / VOCAB_FILENAME, folder / "config.json"])
@@ -355,10 +370,36 @@ def _publish(run: _Run, state: TrainState, report: dict, tracking, register: boo
         tracking.log_artifact(run.output_dir / REPORT_NAME)
     if not register:
         return None, False
-    champion = tracking.alias_metric(config.registered_model, config.alias, SELECTION_METRIC)
-    version = tracking.register(config.registered_model, state.run_id, {SELECTION_METRIC: state.best_dev_accuracy},
-                                description=f"{config.model.variant}, dev accuracy {state.best_dev_accuracy:.4f}")
-    promoted = champion is None or state.best_dev_accuracy > champion
-    if promoted:
-        tracking.set_alias(config.registered_model, config.alias, version)
-    return version, promoted
+    registration = register_model(state.run_id, best, state.best_dev_accuracy, name=config.registered_model,
+                                  alias=config.alias,
+                                  description=f"{config.model.variant}, dev accuracy {state.best_dev_accuracy:.4f}")
+    return registration.version, registration.promoted
+
+
+def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, Path, Path]:
+    """`train.json` (DVC metrics) and the train / dev curves read back from MLflow (DVC plots).
+
+    The curves come from the run's metric history, where a resumed run's
+    repeated steps resolve to their latest value, so they match the MLflow UI.
+    """
+    from spinn import tracking
+
+    metrics_dir = Path(metrics_dir)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    summary = {"best_dev_accuracy": result.best_dev_accuracy, "best_step": result.best_step, "steps": result.steps,
+               "pairs_per_second": result.pairs_per_second, "train_seconds": result.train_seconds}
+    paths = (metrics_dir / TRAIN_METRICS_NAME, metrics_dir / TRAIN_CURVE_NAME, metrics_dir / DEV_CURVE_NAME)
+    with atomic_path(paths[0]) as temporary:
+        temporary.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    history = tracking.metric_history(result.run_id, [*TRAIN_CURVE_KEYS, *DEV_CURVE_KEYS])
+    _write_curve(paths[1], TRAIN_CURVE_KEYS, history)
+    _write_curve(paths[2], [key for key in DEV_CURVE_KEYS if history[key]], history)
+    return paths
+
+
+def _write_curve(path: Path, keys: list[str], history: dict[str, dict[int, float]]) -> None:
+    steps = sorted(set().union(*(history[key] for key in keys)))
+    with atomic_path(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["step", *keys])
+        writer.writerows([step, *(history[key].get(step, "") for key in keys)] for step in steps)
