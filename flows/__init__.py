@@ -1,0 +1,1 @@
+"""Prefect flows: they orchestrate the spinn stages and hold no NLP logic."""

@@ -1,0 +1,108 @@
+"""The pipeline's stages as Prefect tasks: each calls the same `spinn` stage function as the CLI and DVC.
+
+A task adds only what orchestration needs: retries where trying again can
+help (downloads), caching keyed on the contents of what the stage reads
+(`flows.caching`), and a JSON-serializable result naming the files it wrote.
+Results are stored as JSON, never pickled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from prefect import Task, task
+from prefect.client.schemas.objects import TaskRun
+from prefect.states import State
+
+from flows.caching import StageOutput, cache_on
+
+DOWNLOAD_RETRIES = 3
+DOWNLOAD_RETRY_DELAYS_S = [10, 60, 300]
+"""Academic servers drop connections and rate-limit; a retry resumes the `.part` file."""
+RESULTS = {"persist_result": True, "result_serializer": "json"}
+
+
+def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
+    """Retry only failures marked retryable (network, 5xx), never a wrong checksum or a 404."""
+    error = state.result(raise_on_failure=False)
+    return bool(getattr(error, "retryable", False))
+
+
+@task(name="download", retries=DOWNLOAD_RETRIES, retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S,
+      retry_condition_fn=retryable, cache_key_fn=cache_on("file"), **RESULTS)
+def download_stage(corpus: str, raw_dir: Path, url: str | None, file: Path | None,
+                   checksum: str | None) -> StageOutput:
+    from spinn.download import download_corpus
+
+    result = download_corpus(corpus, raw_dir, url=url, file=file, checksum=checksum, extract=False, progress=False)
+    return StageOutput.of({"archive": str(result.archive), "fetched": result.fetched}, result.archive)
+
+
+@task(name="prepare", task_run_name="prepare-{split}", cache_key_fn=cache_on("archive"), **RESULTS)
+def prepare_stage(archive: Path, member: str, split: str, output_dir: Path, max_reject_ratio: float,
+                  workers: int | None) -> StageOutput:
+    from spinn.prepare import prepare
+
+    summary = prepare(archive, output_dir, split=split, member=member, max_reject_ratio=max_reject_ratio,
+                      workers=workers)
+    counts = {"read": summary.read, "written": summary.written, "skipped": summary.skipped,
+              "rejected": summary.rejected_total, "reasons": dict(summary.rejected)}
+    return StageOutput.of(counts, summary.output, summary.rejects)
+
+
+@task(name="vocab", cache_key_fn=cache_on("train"), **RESULTS)
+def vocab_stage(train: Path, output: Path, lowercase: bool, min_freq: int) -> StageOutput:
+    from spinn.vocab import vocab_stage as build
+
+    vocabulary, path = build(train, output, lowercase=lowercase, min_freq=min_freq)
+    return StageOutput.of({"entries": len(vocabulary)}, path)
+
+
+@task(name="embeddings", cache_key_fn=cache_on("vocab"), **RESULTS)
+def embeddings_stage(vocab: Path, source: str, oov: str, seed: int, cache_dir: Path) -> StageOutput:
+    from spinn.embeddings import embeddings_stage as align
+
+    report = align(vocab, source=source, oov=oov, seed=seed, cache_dir=cache_dir, progress=False)
+    summary = {"source": report.source, "dim": report.dim, "found": report.found, "oov": report.oov,
+               "coverage": report.coverage}
+    return StageOutput.of(summary, report.cache_path)
+
+
+@task(name="train", cache_key_fn=cache_on("train", "dev", "vocab"), **RESULTS)
+def train_stage(train: Path, dev: Path, vocab: Path, config: dict[str, Any], embeddings_dir: Path, output_dir: Path,
+                metrics_dir: Path, resume: bool, run_name: str | None) -> StageOutput:
+    """Train without registering: the flow registers after evaluation, as its own step."""
+    from spinn.config import TrainConfig
+    from spinn.train import train as fit
+    from spinn.train import write_metrics_files
+
+    result = fit(train, dev, TrainConfig.from_dict(config), output_dir=output_dir, vocab_path=vocab,
+                 embeddings_dir=embeddings_dir, resume=resume, run_name=run_name, register=False, progress=False)
+    metrics_files = write_metrics_files(result, metrics_dir)
+    summary = {"run_id": result.run_id, "steps": result.steps, "best_step": result.best_step,
+               "best_dev_accuracy": result.best_dev_accuracy, "pairs_per_second": result.pairs_per_second,
+               "train_seconds": result.train_seconds, "checkpoint": str(result.best_checkpoint)}
+    return StageOutput.of(summary, result.best_checkpoint, *metrics_files)
+
+
+@task(name="evaluate", cache_key_fn=cache_on("model", "data"), **RESULTS)
+def evaluate_stage(model: str, data: Path, output: Path, plot: Path, predictions: Path, transitions: str,
+                   batch_size: int, device: str) -> StageOutput:
+    from spinn.evaluate import evaluate
+
+    metrics = evaluate(model, data, output, plot=plot, predictions=predictions, transitions=transitions,
+                       batch_size=batch_size, device=device)
+    summary = {key: value for key, value in metrics.to_json().items() if not isinstance(value, dict)}
+    return StageOutput.of(summary, output, plot, predictions)
+
+
+@task(name="register")
+def register_stage(run_id: str, checkpoint: Path, dev_accuracy: float, name: str, alias: str,
+                   tags: dict[str, str]) -> dict[str, Any]:
+    """Not cached: the registry is the state, and `register_model` already finds a version it made."""
+    from spinn.registry import register_model
+
+    registration = register_model(run_id, checkpoint, dev_accuracy, name=name, alias=alias, tags=tags)
+    return {**asdict(registration), "uri": registration.uri}
