@@ -31,6 +31,7 @@ SHARED = Path(__file__).resolve().parents[2] / "shared"
 SNLI_DIR = SHARED / "data" / "snli"
 STANZA_DIR = SHARED / "stanza" / "stanza_resources"
 os.environ.setdefault("STANZA_RESOURCES_DIR", str(STANZA_DIR))
+PREFECT_STARTUP_TIMEOUT_S = 120
 
 
 def _shared_file(name: str) -> Path:
@@ -79,3 +80,16 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def prefect_api() -> Iterator[str]:
+    """One real Prefect server (SQLite, 127.0.0.1) for the whole session; yields its API URL.
+
+    Starting it takes 10-20 s on two cores, so every flow test shares it.
+    """
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=PREFECT_STARTUP_TIMEOUT_S):
+        yield PREFECT_API_URL.value()

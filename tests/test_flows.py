@@ -1,0 +1,243 @@
+"""The Prefect flows end to end against a real Prefect server, a real MLflow store and the smoke corpus.
+
+One module fixture runs train-spinn once on the synthetic SNLI-format corpus
+(spinn.smoke) with a small model; the tests then check what that run left
+behind (Parquet, checkpoint, metrics JSON, the MLflow run, the registered
+version, the Prefect artifacts) and what reruns do: everything cached, a
+deleted output rebuilt, nothing registered twice.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from uuid import UUID
+
+import pytest
+from pydantic import ValidationError
+
+from flows.settings import CorpusSettings, EvaluateSettings, TrainSettings
+from spinn.download import file_digest
+from spinn.smoke import write_smoke_corpus
+
+pytestmark = pytest.mark.slow
+
+SMALL_TRAINING = {"model.variant": "spinn", "model.d_hidden": 16, "model.d_tracker": 8, "model.mlp_dim": 16,
+                  "batch_size": 32, "max_steps": 24, "eval_every": 8, "log_every": 4, "checkpoint_every": 8,
+                  "device": "cpu", "threads": 1, "experiment": "flow-test", "registered_model": "flow-test"}
+STAGE_TASKS = {"download", "prepare-train", "prepare-dev", "prepare-test", "vocab", "embeddings", "train", "evaluate"}
+CACHED = "Cached"
+ROOT = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+CLI_TIMEOUT_S = 120
+WORKER_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory, prefect_api) -> dict:
+    """A data folder, an MLflow store and the smoke archive; the environment points MLflow there."""
+    root = tmp_path_factory.mktemp("flow-project")
+    archive = write_smoke_corpus(root / "source" / "snli_1.0.zip")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        yield {"root": root, "archive": archive,
+               "corpus": CorpusSettings(file=archive, checksum=f"sha256:{file_digest(archive, 'sha256')}",
+                                        data_dir=root / "data", workers=1),
+               "training": TrainSettings(config=None, overrides=SMALL_TRAINING)}
+
+
+@pytest.fixture(scope="module")
+def first_run(project):
+    from flows.train_spinn import train_spinn
+
+    state = train_spinn(project["corpus"], project["training"], return_state=True)
+    assert state.is_completed(), state.message
+    return state
+
+
+def stage_states(flow_run_id: UUID) -> dict[str, list[str]]:
+    """Task run name -> its runs' state names in start order, over the flow run and its subflows."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+
+    with get_client(sync_client=True) as client:
+        children = client.read_flow_runs(
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
+        ids = [flow_run_id, *(child.id for child in children)]
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+    states: dict[str, list[str]] = {}
+    for run in sorted(runs, key=lambda run: run.expected_start_time):
+        states.setdefault(run.name, []).append(run.state.name)
+    return states
+
+
+def test_train_spinn_leaves_data_model_metrics_and_a_registered_version(project, first_run):
+    import mlflow
+
+    result = first_run.result()
+    data = project["root"] / "data"
+    for split in ("train", "dev", "test"):
+        assert (data / "prepared" / f"{split}.parquet").is_file()
+    assert Path(result.checkpoint) == data / "models" / "best.pt"
+    metrics = json.loads((data / "metrics" / "test.json").read_text())
+    assert metrics["examples"] > 0 and 0.0 <= metrics["accuracy"] <= 1.0
+    assert result.test_metrics["accuracy"] == pytest.approx(metrics["accuracy"])
+
+    client = mlflow.MlflowClient()
+    run = client.get_run(result.run_id)
+    assert {"best_dev_accuracy", "dev_accuracy", "train_loss", "test_accuracy"} <= set(run.data.metrics)
+    assert run.data.tags["prefect.flow_run_id"] == str(first_run.state_details.flow_run_id)
+    version = client.get_model_version_by_alias("flow-test", "champion")
+    assert version.run_id == result.run_id and str(version.version) == result.registered["version"]
+    assert float(version.tags["test_accuracy"]) == pytest.approx(metrics["accuracy"])
+    assert stage_states(first_run.state_details.flow_run_id).keys() >= STAGE_TASKS
+
+
+def test_the_prefect_run_shows_the_mlflow_run_and_its_metrics(first_run):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    result = first_run.result()
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["spinn-training-run"])))
+    mine = [artifact for artifact in artifacts if artifact.flow_run_id == first_run.state_details.flow_run_id]
+    assert len(mine) == 1 and mine[0].type == "markdown"
+    assert result.run_id in mine[0].data and "test accuracy" in mine[0].data
+    assert f"models:/flow-test/{result.registered['version']}" in mine[0].data
+
+
+def test_rerun_skips_every_finished_stage_and_registers_nothing_new(project, first_run):
+    import mlflow
+
+    from flows.train_spinn import train_spinn
+
+    state = train_spinn(project["corpus"], project["training"], return_state=True)
+    states = stage_states(state.state_details.flow_run_id)
+    assert {name: states[name] for name in STAGE_TASKS} == {name: [CACHED] for name in STAGE_TASKS}
+    assert state.result().run_id == first_run.result().run_id
+    assert state.result().registered["created"] is False
+    assert len(mlflow.MlflowClient().search_model_versions("name = 'flow-test'")) == 1
+
+
+def test_a_deleted_output_is_rebuilt_and_nothing_downstream_reruns(project, first_run):
+    from flows.train_spinn import train_spinn
+
+    dev = project["root"] / "data" / "prepared" / "dev.parquet"
+    before = file_digest(dev, "sha256")
+    dev.unlink()
+    state = train_spinn(project["corpus"], project["training"], return_state=True)
+    states = stage_states(state.state_details.flow_run_id)
+    assert states["prepare-dev"] == [CACHED, "Completed"]  # the hit is checked against the files, then redone
+    assert states["prepare-train"] == states["train"] == states["evaluate"] == [CACHED]
+    assert file_digest(dev, "sha256") == before
+
+
+def test_evaluate_spinn_scores_the_registered_champion(project, first_run):
+    from flows.evaluate_spinn import evaluate_spinn
+
+    output = project["root"] / "eval" / "champion.json"
+    settings = EvaluateSettings(model="models:/flow-test@champion", output=output,
+                                data=project["root"] / "data" / "prepared" / "test.parquet", device="cpu")
+    evaluated = evaluate_spinn(settings)
+    assert evaluated["accuracy"] == pytest.approx(first_run.result().test_metrics["accuracy"])
+    assert json.loads(output.read_text())["model"] == "models:/flow-test@champion"
+    assert (output.parent / "champion_predictions.csv").is_file()
+
+
+def test_download_is_retried_and_resumes_after_a_dropped_connection(tmp_path, server, monkeypatch, prefect_api):
+    from flows import tasks
+    from flows.prepare_corpus import prepare_corpus
+    from tests.httpserver import Cut
+
+    archive = write_smoke_corpus(tmp_path / "mirror.zip")
+    payload = archive.read_bytes()
+    server.state.files["/snli_1.0.zip"] = payload
+    server.state.cuts["/snli_1.0.zip"] = Cut(after=len(payload) // 3, times=1)
+    monkeypatch.setattr(tasks, "download_stage", tasks.download_stage.with_options(retry_delay_seconds=0))
+    corpus = CorpusSettings(url=server.url("/snli_1.0.zip"), checksum=f"sha256:{file_digest(archive, 'sha256')}",
+                            data_dir=tmp_path / "data", workers=1)
+    prepared = prepare_corpus(corpus, TrainSettings(config=None))
+    assert prepared.counts["train"]["written"] > 0
+    ranges = [request.range for request in server.state.seen if request.method == "GET"]
+    assert ranges == [None, f"bytes={len(payload) // 3}-"]
+
+
+def test_a_wrong_checksum_is_not_retried(tmp_path, server, prefect_api):
+    from flows.prepare_corpus import prepare_corpus
+
+    server.state.files["/snli_1.0.zip"] = write_smoke_corpus(tmp_path / "mirror.zip").read_bytes()
+    corpus = CorpusSettings(url=server.url("/snli_1.0.zip"), checksum="sha256:" + "0" * 64, data_dir=tmp_path / "d")
+    state = prepare_corpus(corpus, TrainSettings(config=None), return_state=True)
+    assert state.is_failed() and "sha256 mismatch" in str(state.result(raise_on_failure=False))
+    assert len([request for request in server.state.seen if request.method == "GET"]) == 1
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    (lambda: CorpusSettings(url="http://127.0.0.1/x.zip", file=Path("x.zip")), "not both"),
+    (lambda: CorpusSettings(checksum="sha256:xyz"), "checksum"),
+    (lambda: CorpusSettings(splits={"train": "a.jsonl"}), "missing ['dev', 'test']"),
+    (lambda: TrainSettings(config=None, overrides={"model.variant": "rnn"}), "train.model.variant must be one of"),
+    (lambda: TrainSettings(config=None, overrides={"max_stepz": 3}), "unknown train settings ['max_stepz']"),
+    (lambda: TrainSettings(config=Path("no/such/params.yaml")), "no such params file"),
+])
+def test_parameters_are_validated_with_messages_that_name_the_setting(settings, message):
+    with pytest.raises(ValidationError, match=message.replace("[", r"\[").replace("]", r"\]")):
+        settings()
+
+
+def test_a_flow_run_with_bad_parameters_fails_before_any_work(tmp_path, prefect_api):
+    from prefect.exceptions import ParameterTypeError
+
+    from flows.train_spinn import train_spinn
+
+    with pytest.raises(ParameterTypeError, match="max_stepz"):
+        train_spinn(training={"config": None, "overrides": {"max_stepz": 3}},
+                    corpus={"data_dir": str(tmp_path / "data")})
+    assert not (tmp_path / "data").exists()
+
+
+def project_copy(destination: Path) -> Path:
+    """The repository's files as a user's checkout has them (git's view; no data, no venv)."""
+    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
+                            text=True, check=True).stdout.split()
+    for name in listed:
+        if (ROOT / name).is_file() and not name.startswith("data/"):
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, destination / name)
+    return destination
+
+
+def cli(arguments: list[str], cwd: Path, env: dict[str, str], timeout: float = CLI_TIMEOUT_S) -> str:
+    done = subprocess.run(arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{' '.join(arguments)} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_run, tmp_path, prefect_api):
+    """prefect.yaml as shipped: create the pool, deploy, trigger through the API, let a worker run it."""
+    from prefect.client.orchestration import get_client
+    from prefect.deployments import run_deployment
+
+    checkout = project_copy(tmp_path / "checkout")
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+           "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"]}
+    cli(["prefect", "work-pool", "create", "spinn", "--type", "process"], checkout, env)
+    cli(["prefect", "--no-prompt", "deploy", "--all"], checkout, env)
+    with get_client(sync_client=True) as client:
+        deployment = client.read_deployment_by_name("evaluate-spinn/default")
+    assert deployment.pull_steps == [{"prefect.deployments.steps.set_working_directory":
+                                      {"directory": str(checkout.resolve())}}]
+
+    output = tmp_path / "deployed" / "test.json"
+    evaluation = {"model": "models:/flow-test@champion", "device": "cpu", "output": str(output),
+                  "data": str(project["root"] / "data" / "prepared" / "test.parquet")}
+    flow_run = run_deployment("evaluate-spinn/default", parameters={"evaluation": evaluation}, timeout=0)
+    cli(["prefect", "worker", "start", "--pool", "spinn", "--run-once"], checkout, env, timeout=WORKER_TIMEOUT_S)
+    with get_client(sync_client=True) as client:
+        finished = client.read_flow_run(flow_run.id)
+    assert finished.state.is_completed(), finished.state.message
+    assert json.loads(output.read_text())["accuracy"] == pytest.approx(first_run.result().test_metrics["accuracy"])
