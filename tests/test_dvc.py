@@ -1,0 +1,264 @@
+"""`dvc repro` runs the real pipeline end to end, reproduces nothing when nothing changed, and round-trips a remote.
+
+dvc.yaml is only worth keeping if DVC itself accepts it: every stage's command,
+deps, params, outs, metrics and plots are checked by nothing but running DVC on
+it. So this module copies the repository (its git files, without data/) into a
+temporary git repository, shrinks the train params to a few CPU steps, serves
+the synthetic smoke corpus from a loopback HTTP mirror (through the
+SPINN_DOWNLOAD_* variables the download stage reads) and runs the `dvc` and
+`git` executables as a user would. It proves that the first `dvc repro` builds
+all eight stages and writes sane metrics; that `dvc metrics` and `dvc plots`
+read what the stages declare; that a second `dvc repro` on a committed tree is a
+no-op, so the deps are complete and the outputs deterministic enough; that
+changing one train param re-runs exactly train and evaluate; and that `dvc
+push` to a local remote and `dvc pull` in a fresh `git clone` restore the same
+model. The tests share one project and run in file order; each later test only
+needs the fixture's first reproduction.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spinn.download import file_digest
+from spinn.schema import NO_CONSENSUS_LABEL
+from spinn.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
+from tests.httpserver import LocalServer
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+"""The environment running the tests, whose bin holds the `spinn` and `dvc` executables."""
+MIRROR_PATH = "/mirror/snli_1.0.zip"
+STAGES = ("download", "prepare@train", "prepare@dev", "prepare@test", "vocab", "embeddings", "train", "evaluate")
+SPLITS = ("train", "dev", "test")
+TINY_TRAIN = {
+    "model": {"variant": "pi", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+    "max_steps": 30,
+    "eval_every": 10,
+    "log_every": 5,
+    "checkpoint_every": 10,
+    "device": "cpu",
+    "threads": 1,
+    "experiment": "spinn-dvc-test",
+    "registered_model": "spinn-dvc-test",
+}
+"""A few seconds of CPU training: enough for checkpoints, curves and a registered model."""
+STEP_INCREASE = 10
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+GIT_IDENTITY = {"GIT_AUTHOR_NAME": "spinn tests", "GIT_AUTHOR_EMAIL": "tests@spinn.invalid",
+                "GIT_COMMITTER_NAME": "spinn tests", "GIT_COMMITTER_EMAIL": "tests@spinn.invalid"}
+RUNNING_STAGE = "Running stage '"
+UP_TO_DATE = "Data and pipelines are up to date."
+
+OUTPUTS = (
+    "data/raw/snli_1.0.zip",
+    *(f"data/prepared/{split}.parquet" for split in SPLITS),
+    *(f"data/prepared/{split}.rejects.jsonl" for split in SPLITS),
+    "data/prepared/vocab.json",
+    "data/models/best.pt",
+    "data/metrics/train.json",
+    "data/metrics/test.json",
+    "data/metrics/train_curve.csv",
+    "data/metrics/dev_curve.csv",
+    "data/metrics/test_predictions.csv",
+    "data/metrics/confusion.png",
+)
+MODEL = "data/models/best.pt"
+TRAIN_METRICS = "data/metrics/train.json"
+TEST_METRICS = "data/metrics/test.json"
+PARAMS = "params.yaml"
+PLOTS = ("Training curve", "Confusion matrix (test)", "data/metrics/train_curve.csv", "data/metrics/confusion.png")
+"""Plots dvc.yaml declares: two of its top-level plots and two stage plot outputs."""
+
+
+@dataclass
+class Project:
+    """The temporary DVC project, the environment its commands run in, and what its first repro did."""
+
+    repo: Path
+    env: dict[str, str]
+    server: LocalServer
+    corpus: Path
+    first_repro: subprocess.CompletedProcess[str]
+    workdir: Path
+
+
+def run(command: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run a command, failing the test with its whole output if it fails."""
+    result = subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, (
+        f"{' '.join(command)} exited {result.returncode}\n--- stdout\n{result.stdout}\n--- stderr\n{result.stderr}"
+    )
+    return result
+
+
+def output_of(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+def stages_run(result: subprocess.CompletedProcess[str]) -> list[str]:
+    """The stages a `dvc repro` says it ran, in order."""
+    return [line.split(RUNNING_STAGE, 1)[1].split("'", 1)[0]
+            for line in output_of(result).splitlines() if RUNNING_STAGE in line]
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def labelled_pairs(corpus: Path, split: str) -> int:
+    """Pairs of a split in the archive with a gold label, the ones evaluation scores."""
+    with zipfile.ZipFile(corpus) as archive:
+        lines = archive.read(f"{SMOKE_ARCHIVE_ROOT}/snli_1.0_{split}.jsonl").splitlines()
+    return sum(json.loads(line)["gold_label"] != NO_CONSENSUS_LABEL for line in lines)
+
+
+def copy_repository(destination: Path) -> None:
+    """The files git would see in this checkout (tracked or not ignored), without any data/."""
+    listing = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
+                             capture_output=True, text=True, check=True).stdout
+    for name in filter(None, listing.split("\0")):
+        source = ROOT / name
+        if name.startswith("data/") or not source.is_file():  # listed but deleted in the working tree
+            continue
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def commit_all(repo: Path, env: dict[str, str], message: str) -> None:
+    run(["git", "add", "-A"], repo, env)
+    run(["git", "commit", "-q", "--allow-empty", "-m", message], repo, env)
+
+
+def command_env(workdir: Path, repo: Path, mirror_url: str, corpus: Path) -> dict[str, str]:
+    """os.environ, off the network and the user's git and tool settings, pointed at the mirror."""
+    env = {key: value for key, value in os.environ.items() if key not in PROXY_VARIABLES}
+    env.update(GIT_IDENTITY)
+    env.update({
+        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+        "PYTHONPATH": str(repo),  # run the copy's spinn, the code its stages depend on
+        "NO_PROXY": "127.0.0.1,localhost",
+        "no_proxy": "127.0.0.1,localhost",
+        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
+        "DVC_NO_ANALYTICS": "1",
+        "DVC_SITE_CACHE_DIR": str(workdir / "dvc-site-cache"),
+        "GIT_CONFIG_GLOBAL": os.devnull,
+        "GIT_CONFIG_NOSYSTEM": "1",
+        "SPINN_DOWNLOAD_URL": mirror_url,
+        "SPINN_DOWNLOAD_CHECKSUM": f"sha256:{file_digest(corpus, 'sha256')}",
+    })
+    env.pop("SPINN_DOWNLOAD_FILE", None)
+    return env
+
+
+def set_train_params(repo: Path, **settings: object) -> None:
+    params = yaml.safe_load((repo / PARAMS).read_text(encoding="utf-8"))
+    params["train"].update(settings)
+    (repo / PARAMS).write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+    """A git + DVC copy of the repository with tiny train params, after its first `dvc repro`."""
+    workdir = tmp_path_factory.mktemp("dvc")
+    repo = workdir / "repo"
+    corpus = write_smoke_corpus(workdir / "snli_1.0.zip")
+    with LocalServer() as server:
+        env = command_env(workdir, repo, server.serve(MIRROR_PATH, corpus.read_bytes()), corpus)
+        copy_repository(repo)
+        run(["git", "init", "-q", "-b", "main"], repo, env)
+        commit_all(repo, env, "copy of the repository")
+        set_train_params(repo, **TINY_TRAIN)
+        commit_all(repo, env, "tiny training")
+        yield Project(repo, env, server, corpus, run(["dvc", "repro"], repo, env), workdir)
+
+
+def test_first_repro_builds_every_stage(project: Project):
+    repo = project.repo
+    assert stages_run(project.first_repro) == list(STAGES), output_of(project.first_repro)
+    missing = [name for name in OUTPUTS if not (repo / name).is_file()]
+    assert not missing, f"missing outputs {missing}\n{output_of(project.first_repro)}"
+    assert list((repo / "data/embeddings").glob("*.npy")), "the embeddings stage wrote no .npy"
+    lock = yaml.safe_load((repo / "dvc.lock").read_text(encoding="utf-8"))
+    assert set(lock["stages"]) == set(STAGES)
+    assert [request.path for request in project.server.requests if request.method == "GET"] == [MIRROR_PATH]
+    assert sha256(repo / "data/raw/snli_1.0.zip") == sha256(project.corpus)
+    test = read_json(repo / TEST_METRICS)
+    assert isinstance(test["accuracy"], float) and 0.0 <= test["accuracy"] <= 1.0
+    assert test["examples"] == labelled_pairs(project.corpus, "test")
+    assert read_json(repo / TRAIN_METRICS)["steps"] == TINY_TRAIN["max_steps"]
+
+
+def test_metrics_and_plots_read_what_the_stages_declare(project: Project):
+    shown = json.loads(run(["dvc", "metrics", "show", "--json"], project.repo, project.env).stdout)
+    (workspace,) = shown.values()  # DVC 3.67 keys the workspace "" here, not "workspace"
+    metrics = workspace["data"]
+    assert 0.0 <= metrics[TEST_METRICS]["data"]["accuracy"] <= 1.0
+    assert 0.0 <= metrics[TRAIN_METRICS]["data"]["best_dev_accuracy"] <= 1.0
+    # -o: image plots are copied out, by default into dvc_plots/ in the workspace
+    shown = run(["dvc", "plots", "show", "--json", "-o", str(project.workdir / "plots")], project.repo, project.env)
+    plots = json.loads(shown.stdout)["data"]
+    for name in PLOTS:
+        assert name in plots, f"{name} is not in dvc plots show: {sorted(plots)}"
+
+
+def test_second_repro_of_a_committed_tree_is_a_no_op(project: Project):
+    commit_all(project.repo, project.env, "first reproduction")
+    model = project.repo / MODEL
+    before = model.stat().st_mtime_ns
+    again = run(["dvc", "repro"], project.repo, project.env)
+    assert stages_run(again) == [], output_of(again)
+    assert UP_TO_DATE in output_of(again)
+    status = run(["dvc", "status"], project.repo, project.env)
+    assert UP_TO_DATE in output_of(status)
+    assert model.stat().st_mtime_ns == before
+    assert run(["git", "status", "--porcelain"], project.repo, project.env).stdout == ""
+
+
+def test_changing_a_train_param_reruns_only_train_and_evaluate(project: Project):
+    repo, env = project.repo, project.env
+    steps = read_json(repo / TRAIN_METRICS)["steps"] + STEP_INCREASE
+    set_train_params(repo, max_steps=steps)
+    status = json.loads(run(["dvc", "status", "--json"], repo, env).stdout)
+    assert set(status) == {"train"}, status
+    diff = json.loads(run(["dvc", "params", "diff", "--json"], repo, env).stdout)
+    assert set(diff[PARAMS]) == {"train.max_steps"}, diff
+    assert (diff[PARAMS]["train.max_steps"]["old"], diff[PARAMS]["train.max_steps"]["new"]) == (
+        steps - STEP_INCREASE, steps), diff
+    rerun = run(["dvc", "repro"], repo, env)
+    assert stages_run(rerun) == ["train", "evaluate"], output_of(rerun)
+    assert read_json(repo / TRAIN_METRICS)["steps"] == steps
+    assert UP_TO_DATE in output_of(run(["dvc", "status"], repo, env))
+
+
+def test_push_then_pull_into_a_fresh_clone_restores_the_model(project: Project):
+    repo, env = project.repo, project.env
+    store, clone = project.workdir / "store", project.workdir / "clone"
+    run(["dvc", "remote", "add", "-d", "local", str(store)], repo, env)
+    commit_all(repo, env, "local remote")
+    run(["dvc", "push"], repo, env)
+    run(["git", "clone", "-q", str(repo), str(clone)], project.workdir, env)
+    assert not (clone / MODEL).exists()
+    run(["dvc", "pull"], clone, env)
+    assert UP_TO_DATE in output_of(run(["dvc", "status"], clone, env))
+    assert sha256(clone / MODEL) == sha256(repo / MODEL)
+    assert sha256(clone / "data/raw/snli_1.0.zip") == sha256(project.corpus)
