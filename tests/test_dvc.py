@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import sys
 import zipfile
@@ -35,11 +34,11 @@ import yaml
 from spinn.download import file_digest
 from spinn.schema import NO_CONSENSUS_LABEL
 from spinn.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
+from tests.checkout import copy_checkout
 from tests.httpserver import LocalServer
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 """The environment running the tests, whose bin holds the `spinn` and `dvc` executables."""
 MIRROR_PATH = "/mirror/snli_1.0.zip"
@@ -131,19 +130,6 @@ def labelled_pairs(corpus: Path, split: str) -> int:
     return sum(json.loads(line)["gold_label"] != NO_CONSENSUS_LABEL for line in lines)
 
 
-def copy_repository(destination: Path) -> None:
-    """The files git would see in this checkout (tracked or not ignored), without any data/."""
-    listing = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout
-    for name in filter(None, listing.split("\0")):
-        source = ROOT / name
-        if name.startswith("data/") or not source.is_file():  # listed but deleted in the working tree
-            continue
-        target = destination / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, target)
-
-
 def commit_all(repo: Path, env: dict[str, str], message: str) -> None:
     run(["git", "add", "-A"], repo, env)
     run(["git", "commit", "-q", "--allow-empty", "-m", message], repo, env)
@@ -184,7 +170,7 @@ def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
     corpus = write_smoke_corpus(workdir / "snli_1.0.zip")
     with LocalServer() as server:
         env = command_env(workdir, repo, server.serve(MIRROR_PATH, corpus.read_bytes()), corpus)
-        copy_repository(repo)
+        copy_checkout(repo)
         run(["git", "init", "-q", "-b", "main"], repo, env)
         commit_all(repo, env, "copy of the repository")
         set_train_params(repo, **TINY_TRAIN)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from pydantic import ValidationError
 from flows.settings import CorpusSettings, EvaluateSettings, TrainSettings
 from spinn.download import file_digest
 from spinn.smoke import write_smoke_corpus
+from tests.checkout import copy_checkout
 
 pytestmark = pytest.mark.slow
 
@@ -31,7 +31,6 @@ SMALL_TRAINING = {"model.variant": "spinn", "model.d_hidden": 16, "model.d_track
                   "device": "cpu", "threads": 1, "experiment": "flow-test", "registered_model": "flow-test"}
 STAGE_TASKS = {"download", "prepare-train", "prepare-dev", "prepare-test", "vocab", "embeddings", "train", "evaluate"}
 CACHED = "Cached"
-ROOT = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 CLI_TIMEOUT_S = 120
 WORKER_TIMEOUT_S = 300
@@ -62,7 +61,11 @@ def first_run(project):
 def stage_states(flow_run_id: UUID) -> dict[str, list[str]]:
     """Task run name -> its runs' state names in start order, over the flow run and its subflows."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.filters import (
+        FlowRunFilter,
+        FlowRunFilterId,
+        FlowRunFilterParentFlowRunId,
+    )
 
     with get_client(sync_client=True) as client:
         children = client.read_flow_runs(
@@ -200,19 +203,8 @@ def test_a_flow_run_with_bad_parameters_fails_before_any_work(tmp_path, prefect_
     assert not (tmp_path / "data").exists()
 
 
-def project_copy(destination: Path) -> Path:
-    """The repository's files as a user's checkout has them (git's view; no data, no venv)."""
-    listed = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=ROOT, capture_output=True,
-                            text=True, check=True).stdout.split()
-    for name in listed:
-        if (ROOT / name).is_file() and not name.startswith("data/"):
-            (destination / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, destination / name)
-    return destination
-
-
 def cli(arguments: list[str], cwd: Path, env: dict[str, str], timeout: float = CLI_TIMEOUT_S) -> str:
-    done = subprocess.run(arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     assert done.returncode == 0, f"{' '.join(arguments)} failed:\n{done.stdout}\n{done.stderr}"
     return done.stdout
 
@@ -222,7 +214,7 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
-    checkout = project_copy(tmp_path / "checkout")
+    checkout = copy_checkout(tmp_path / "checkout")
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
            "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"]}
     cli(["prefect", "work-pool", "create", "spinn", "--type", "process"], checkout, env)
