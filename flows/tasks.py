@@ -30,8 +30,9 @@ def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
     return bool(getattr(error, "retryable", False))
 
 
-@task(name="download", retries=DOWNLOAD_RETRIES, retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S,
-      retry_condition_fn=retryable, cache_key_fn=cache_on("file"), **RESULTS)
+@task(name="download", task_run_name="download", retries=DOWNLOAD_RETRIES,
+      retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S, retry_condition_fn=retryable, cache_key_fn=cache_on("file"),
+      **RESULTS)
 def download_stage(corpus: str, raw_dir: Path, url: str | None, file: Path | None,
                    checksum: str | None) -> StageOutput:
     from spinn.download import download_corpus
@@ -52,7 +53,7 @@ def prepare_stage(archive: Path, member: str, split: str, output_dir: Path, max_
     return StageOutput.of(counts, summary.output, summary.rejects)
 
 
-@task(name="vocab", cache_key_fn=cache_on("train"), **RESULTS)
+@task(name="vocab", task_run_name="vocab", cache_key_fn=cache_on("train"), **RESULTS)
 def vocab_stage(train: Path, output: Path, lowercase: bool, min_freq: int) -> StageOutput:
     from spinn.vocab import vocab_stage as build
 
@@ -60,7 +61,7 @@ def vocab_stage(train: Path, output: Path, lowercase: bool, min_freq: int) -> St
     return StageOutput.of({"entries": len(vocabulary)}, path)
 
 
-@task(name="embeddings", cache_key_fn=cache_on("vocab"), **RESULTS)
+@task(name="embeddings", task_run_name="embeddings", cache_key_fn=cache_on("vocab"), **RESULTS)
 def embeddings_stage(vocab: Path, source: str, oov: str, seed: int, cache_dir: Path) -> StageOutput:
     from spinn.embeddings import embeddings_stage as align
 
@@ -70,7 +71,7 @@ def embeddings_stage(vocab: Path, source: str, oov: str, seed: int, cache_dir: P
     return StageOutput.of(summary, report.cache_path)
 
 
-@task(name="train", cache_key_fn=cache_on("train", "dev", "vocab"), **RESULTS)
+@task(name="train", task_run_name="train", cache_key_fn=cache_on("train", "dev", "vocab"), **RESULTS)
 def train_stage(train: Path, dev: Path, vocab: Path, config: dict[str, Any], embeddings_dir: Path, output_dir: Path,
                 metrics_dir: Path, resume: bool, run_name: str | None) -> StageOutput:
     """Train without registering: the flow registers after evaluation, as its own step."""
@@ -87,7 +88,7 @@ def train_stage(train: Path, dev: Path, vocab: Path, config: dict[str, Any], emb
     return StageOutput.of(summary, result.best_checkpoint, *metrics_files)
 
 
-@task(name="evaluate", cache_key_fn=cache_on("model", "data"), **RESULTS)
+@task(name="evaluate", task_run_name="evaluate", cache_key_fn=cache_on("model", "data"), **RESULTS)
 def evaluate_stage(model: str, data: Path, output: Path, plot: Path, predictions: Path, transitions: str,
                    batch_size: int, device: str) -> StageOutput:
     from spinn.evaluate import evaluate
@@ -98,7 +99,7 @@ def evaluate_stage(model: str, data: Path, output: Path, plot: Path, predictions
     return StageOutput.of(summary, output, plot, predictions)
 
 
-@task(name="register")
+@task(name="register", task_run_name="register")
 def register_stage(run_id: str, checkpoint: Path, dev_accuracy: float, name: str, alias: str,
                    tags: dict[str, str]) -> dict[str, Any]:
     """Not cached: the registry is the state, and `register_model` already finds a version it made."""
