@@ -33,8 +33,9 @@ class PreparedCorpus(BaseModel):
 def prepare_corpus(corpus: CorpusSettings | None = None, training: TrainSettings | None = None) -> PreparedCorpus:
     """Download and verify the corpus, prepare its splits, build the vocabulary and align word vectors.
 
-    `training` supplies the word-vector settings (params.yaml's `embeddings`),
-    so the matrix is cached exactly where `spinn train` will look for it.
+    `training` names the params file whose `vocab` and `embeddings` sections
+    set the vocabulary and word vectors, as they do for `dvc repro`, so the
+    matrix is cached exactly where `spinn train` will look for it.
     """
     corpus, training = corpus or CorpusSettings(), training or TrainSettings()
     run_stage(tasks.download_stage, corpus=corpus.corpus, raw_dir=corpus.raw_dir, url=corpus.url, file=corpus.file,
@@ -46,7 +47,7 @@ def prepare_corpus(corpus: CorpusSettings | None = None, training: TrainSettings
                            workers=corpus.workers)
         counts[split] = output.summary
     vocab = run_stage(tasks.vocab_stage, train=corpus.split_path("train"), output=corpus.vocab_path,
-                      lowercase=corpus.lowercase, min_freq=corpus.min_freq)
+                      settings=training.vocab_settings())
     config = training.train_config()
     vectors = run_stage(tasks.embeddings_stage, vocab=corpus.vocab_path, source=config.embeddings, oov=config.oov,
                         seed=config.embeddings_seed, cache_dir=corpus.embeddings_dir)

@@ -13,12 +13,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from spinn.config import TrainConfig, load_train_config
+from spinn.config import TrainConfig, load_train_config, read_params_section
 from spinn.download import CORPORA, Checksum, lookup_corpus
 from spinn.errors import SpinnError
 
 DEFAULT_PARAMS = Path("params.yaml")
 DEFAULT_MODEL = "models:/spinn@champion"
+VOCAB_SETTINGS = frozenset({"lowercase", "min_freq", "max_size"})
 
 
 class _Settings(BaseModel):
@@ -35,8 +36,6 @@ class CorpusSettings(_Settings):
     data_dir: Path = Field(Path("data"), description="raw/, prepared/, embeddings/, models/ and metrics/ go here.")
     splits: dict[str, str] | None = Field(None, description="Split -> file in the archive (default: the corpus's).")
     max_reject_ratio: float = Field(0.01, ge=0, le=1)
-    lowercase: bool = True
-    min_freq: int = Field(1, ge=1)
     workers: int | None = Field(None, ge=1, description="Parsing processes (default: CPU count, at most 4).")
 
     @field_validator("checksum")
@@ -98,8 +97,17 @@ class TrainSettings(_Settings):
         if self.config is not None and not Path(self.config).is_file():
             raise ValueError(f"config {self.config}: no such params file (run from the project folder, "
                              "or set config to null for the paper's settings)")
+        self.vocab_settings()
         self.train_config()
         return self
+
+    def vocab_settings(self) -> dict[str, Any]:
+        """The params file's `vocab` section (lowercase, min_freq, max_size), as `spinn vocab --config` reads it."""
+        settings = read_params_section(self.config, "vocab") if self.config is not None else {}
+        unknown = sorted(set(settings) - VOCAB_SETTINGS)
+        if unknown:
+            raise ValueError(f"{self.config}: unknown vocab settings {unknown}; known: {sorted(VOCAB_SETTINGS)}")
+        return settings
 
     def train_config(self) -> TrainConfig:
         overrides = [f"{key}={_yaml_value(value)}" for key, value in self.overrides.items()]

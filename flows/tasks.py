@@ -54,10 +54,10 @@ def prepare_stage(archive: Path, member: str, split: str, output_dir: Path, max_
 
 
 @task(name="vocab", task_run_name="vocab", cache_key_fn=cache_on("train"), **RESULTS)
-def vocab_stage(train: Path, output: Path, lowercase: bool, min_freq: int) -> StageOutput:
+def vocab_stage(train: Path, output: Path, settings: dict[str, Any]) -> StageOutput:
     from spinn.vocab import vocab_stage as build
 
-    vocabulary, path = build(train, output, lowercase=lowercase, min_freq=min_freq)
+    vocabulary, path = build(train, output, **settings)
     return StageOutput.of({"entries": len(vocabulary)}, path)
 
 
