@@ -51,6 +51,10 @@ class RejectReason(str, Enum):
     UNBALANCED_PARSE = "unbalanced_parse"
     MALFORMED_PARSE = "malformed_parse"
     LEAF_MISMATCH = "leaf_mismatch"
+    EMPTY_SENTENCE = "empty_sentence"
+    TOO_LONG = "too_long"
+    PARSE_FAILED = "parse_failed"
+    DUPLICATE_ID = "duplicate_id"
 
 
 class TreeSource(str, Enum):
