@@ -1,0 +1,267 @@
+"""spinn.parse with a real Stanza pipeline: the small offline SNLI model set in ../shared/stanza.
+
+The pipeline loads once per module (a few seconds); every test parses only a
+handful of sentences, each test its own, so the shared disk cache never
+answers for another test.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spinn.corpus import RejectReason
+from spinn.errors import SpinnError
+from spinn.parse import Parsed, ParserSettings, SentenceParser, Unparsed
+from spinn.transitions import Transition, check_transitions, read_binary_parse
+
+pytestmark = pytest.mark.stanza
+
+STANZA_DIR = Path(__file__).resolve().parents[2] / "shared" / "stanza" / "stanza_resources"
+SNLI_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_test.jsonl.gz"
+AGREEMENT_SENTENCES = 30
+MIN_BRACKET_F1 = 0.75
+MIN_TOKEN_AGREEMENT = 0.9
+
+
+def _settings(cache: Path | None, **changes) -> ParserSettings:
+    if not STANZA_DIR.is_dir():
+        pytest.skip(f"the offline Stanza models {STANZA_DIR} are absent (../shared is not beside this checkout)")
+    return ParserSettings(stanza_dir=STANZA_DIR, device="cpu", cache_path=cache, **changes)
+
+
+@pytest.fixture(scope="module")
+def cache_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("parse-cache") / "nested" / "parses.sqlite"
+
+
+@pytest.fixture(scope="module")
+def parser(cache_path: Path, one_torch_thread: None) -> Iterator[SentenceParser]:
+    """One loaded pipeline for the module, caching into a temporary SQLite file."""
+    with SentenceParser(_settings(cache_path)) as loaded:
+        loaded.parse(["A dog runs."])  # load the pipeline now, so that timings and patches below find it
+        yield loaded
+
+
+def _sharing_pipeline(parser: SentenceParser, settings: ParserSettings) -> SentenceParser:
+    """A new parser (own settings, stats and cache) reusing the loaded Stanza models: loading costs seconds."""
+    fresh = SentenceParser(settings)
+    fresh._pipeline = parser._pipeline
+    return fresh
+
+
+def _parsed(result: Parsed | Unparsed) -> Parsed:
+    assert isinstance(result, Parsed), result
+    return result
+
+
+def _spans(transitions: list[int]) -> set[tuple[int, int]]:
+    """Word spans of a binary tree's constituents of two or more words, the whole sentence excluded."""
+    stack: list[tuple[int, int]] = []
+    spans = set()
+    for transition in transitions:
+        if transition == Transition.SHIFT:
+            position = stack[-1][1] if stack else 0
+            stack.append((position, position + 1))
+        else:
+            right, left = stack.pop(), stack.pop()
+            stack.append((left[0], right[1]))
+            spans.add(stack[-1])
+    return spans - set(stack)
+
+
+def _snli_premises(count: int) -> dict[str, str]:
+    """The first `count` distinct premises of SNLI test, with SNLI's binary parses."""
+    if not SNLI_TEST.exists():
+        pytest.skip(f"real SNLI file {SNLI_TEST} is absent")
+    premises: dict[str, str] = {}
+    with gzip.open(SNLI_TEST, "rt", encoding="utf-8") as lines:
+        for line in lines:
+            record = json.loads(line)
+            premises.setdefault(record["sentence1"], record["sentence1_binary_parse"])
+            if len(premises) == count:
+                break
+    return premises
+
+
+# ---------------------------------------------------------------------- trees
+
+
+def test_sentences_become_binary_trees_over_their_words(parser: SentenceParser) -> None:
+    sentences = {
+        "Two dogs are running through a field.": ["Two", "dogs", "are", "running", "through", "a", "field", "."],
+        "A woman in a red coat reads a newspaper on the bus.":
+            ["A", "woman", "in", "a", "red", "coat", "reads", "a", "newspaper", "on", "the", "bus", "."],
+        "Children play soccer": ["Children", "play", "soccer"],
+    }
+    results = parser.parse(sentences)
+    assert list(results) == list(sentences)
+    for text, words in sentences.items():
+        parsed = _parsed(results[text])
+        assert parsed.tokens == words
+        assert len(parsed.transitions) == 2 * len(words) - 1
+        check_transitions(parsed.transitions, len(parsed.tokens))
+        assert read_binary_parse(parsed.binary_parse) == (parsed.tokens, parsed.transitions)
+
+
+def test_brackets_and_quotes_take_penn_treebank_forms(parser: SentenceParser) -> None:
+    text = 'A man (in a hat) holds a sign that says "hello" [sic].'
+    parsed = _parsed(parser.parse([text])[text])
+    assert parsed.tokens == ["A", "man", "-LRB-", "in", "a", "hat", "-RRB-", "holds", "a", "sign", "that", "says",
+                             "``", "hello", "''", "-LSB-", "sic", "-RSB-", "."]
+    assert "-LRB- in a hat -RRB-" in " ".join(token for token in parsed.binary_parse.split() if token not in "()")
+
+
+def test_two_sentences_in_one_text_make_one_tree(parser: SentenceParser) -> None:
+    text = "A dog barks. The cat sleeps on the mat."
+    parsed = _parsed(parser.parse([text])[text])
+    assert parsed.tokens == ["A", "dog", "barks", ".", "The", "cat", "sleeps", "on", "the", "mat", "."]
+    check_transitions(parsed.transitions, len(parsed.tokens))
+
+
+def test_trees_agree_with_snli_binary_parses(parser: SentenceParser) -> None:
+    """The tiny model scores ~91 labelled F1 on n-ary trees; binarized, its trees must look like SNLI's."""
+    premises = _snli_premises(AGREEMENT_SENTENCES)
+    results = parser.parse(premises)
+    scores, same_tokens = [], 0
+    for text, binary_parse in premises.items():
+        ours = _parsed(results[text])
+        tokens, transitions = read_binary_parse(binary_parse)
+        same_tokens += ours.tokens == tokens
+        theirs, mine = _spans(transitions), _spans(ours.transitions)
+        if theirs or mine:
+            scores.append(2 * len(theirs & mine) / (len(theirs) + len(mine)))
+    assert same_tokens / len(premises) >= MIN_TOKEN_AGREEMENT
+    assert sum(scores) / len(scores) > MIN_BRACKET_F1
+
+
+# ---------------------------------------------------------------------- deduplication and cache
+
+
+def test_repeated_sentences_are_parsed_once(parser: SentenceParser) -> None:
+    before = parser.stats.parsed
+    results = parser.parse(["A dog runs .", "A dog runs .", "A cat sleeps .", " A cat sleeps . "])
+    assert list(results) == ["A dog runs .", "A cat sleeps .", " A cat sleeps . "]
+    assert results["A cat sleeps ."] == results[" A cat sleeps . "]
+    assert parser.stats.parsed - before == 2
+
+
+def test_duplicate_counts_in_a_fresh_parser(parser: SentenceParser) -> None:
+    fresh = _sharing_pipeline(parser, _settings(None))
+    fresh.parse(["A dog runs .", "A dog runs .", "A cat sleeps ."])
+    assert (fresh.stats.requested, fresh.stats.distinct, fresh.stats.parsed) == (3, 2, 2)
+
+
+def test_cache_serves_a_second_parser_and_is_keyed_by_model(parser: SentenceParser, cache_path: Path) -> None:
+    texts = ["A boy jumps into a lake.", "Three women sit on a bench.", "A man plays the guitar."]
+    first = parser.parse(texts)
+
+    with SentenceParser(_settings(cache_path)) as second:
+        again = second.parse(texts)
+        assert (second.stats.parsed, second.stats.cache_hits) == (0, len(texts))
+        assert second.stats.parse_seconds == 0.0
+    assert again == first
+
+    class OtherModel(SentenceParser):
+        model_id = "another-parser-model"
+
+    with OtherModel(_settings(cache_path)) as other:
+        other._pipeline = parser._pipeline  # the same Stanza under another model id: only the key differs
+        other.parse(texts)
+        assert (other.stats.parsed, other.stats.cache_hits) == (len(texts), 0)
+
+
+def test_model_id_is_stable_across_processes(parser: SentenceParser) -> None:
+    code = ("from pathlib import Path; from spinn.parse import ParserSettings, SentenceParser; "
+            f"print(SentenceParser(ParserSettings(stanza_dir=Path({str(STANZA_DIR)!r}), cache_path=None)).model_id)")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert other.stdout.strip() == parser.model_id
+    assert len(parser.model_id) == 64
+
+
+def test_default_models_are_stanzas_resources_dir(parser: SentenceParser) -> None:
+    from stanza.resources.common import DEFAULT_MODEL_DIR
+
+    if Path(DEFAULT_MODEL_DIR).resolve() != STANZA_DIR:
+        pytest.skip("STANZA_RESOURCES_DIR does not point at the offline models (tests/conftest.py sets it)")
+    assert SentenceParser(ParserSettings(device="cpu", cache_path=None)).model_id == parser.model_id
+
+
+# ---------------------------------------------------------------------- rejects
+
+
+def test_empty_and_blank_sentences_are_rejected(parser: SentenceParser) -> None:
+    results = parser.parse(["", "   \t"])
+    assert {result.reason for result in results.values()} == {RejectReason.EMPTY_SENTENCE}
+
+
+def test_long_sentences_are_rejected_before_stanza_runs(parser: SentenceParser) -> None:
+    text = " ".join(["dog"] * 150)
+    before = parser.stats.parsed
+    result = parser.parse([text, "A long sentence is fine."])[text]
+    assert isinstance(result, Unparsed) and result.reason is RejectReason.TOO_LONG
+    assert "150" in result.message and "100" in result.message
+    assert parser.stats.parsed - before == 1
+
+
+def test_token_limit_also_applies_to_stanza_tokens(parser: SentenceParser, cache_path: Path) -> None:
+    text = "A dog, a cat."  # 4 words, 6 tokens
+    with _sharing_pipeline(parser, _settings(cache_path, max_tokens=5)) as strict:
+        result = strict.parse([text])[text]
+    assert isinstance(result, Unparsed) and result.reason is RejectReason.TOO_LONG
+    assert result.message.startswith("6 tokens")
+
+
+def test_a_sentence_stanza_fails_on_is_rejected_alone(parser: SentenceParser, monkeypatch: pytest.MonkeyPatch) -> None:
+    poison = "The parser chokes on this one."
+    pipeline = parser._pipeline
+    original = pipeline.process
+
+    def failing_process(documents, *args, **kwargs):
+        if any(document.text == poison for document in documents):
+            raise RuntimeError("CUDA out of memory\nmore detail")
+        return original(documents, *args, **kwargs)
+
+    texts = ["A girl rides a horse.", poison, "A chef cooks pasta."]
+    with monkeypatch.context() as patch:
+        patch.setattr(pipeline, "process", failing_process)
+        results = parser.parse(texts)
+    failed = results[poison]
+    assert isinstance(failed, Unparsed) and failed.reason is RejectReason.PARSE_FAILED
+    assert failed.message == "Stanza failed: RuntimeError: CUDA out of memory"
+    assert all(isinstance(results[text], Parsed) for text in texts if text != poison)
+    assert isinstance(parser.parse([poison])[poison], Parsed)  # a failure was not cached
+
+
+# ---------------------------------------------------------------------- settings
+
+
+def test_missing_stanza_folder_is_named(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-stanza"
+    with pytest.raises(SpinnError, match=str(missing)):
+        SentenceParser(ParserSettings(stanza_dir=missing, cache_path=None))
+
+
+def test_missing_model_files_are_named(tmp_path: Path) -> None:
+    if not STANZA_DIR.is_dir():
+        pytest.skip(f"the offline Stanza models {STANZA_DIR} are absent")
+    shutil.copy(STANZA_DIR / "resources.json", tmp_path / "resources.json")
+    parser = SentenceParser(ParserSettings(stanza_dir=tmp_path, device="cpu", cache_path=None))
+    with pytest.raises(SpinnError, match=rf"{tmp_path} lacks .*en/constituency/snli_tiny\.pt"):
+        parser.parse(["A dog runs."])
+
+
+def test_cuda_without_a_gpu_is_a_clear_error() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is present")
+    with pytest.raises(SpinnError, match="cuda"):
+        SentenceParser(ParserSettings(stanza_dir=STANZA_DIR, device="cuda", cache_path=None))
