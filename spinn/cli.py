@@ -227,6 +227,88 @@ def evaluate(model_reference: str, data: Path, output: Path, plot: Path | None, 
     click.echo(f"metrics written to {output}" + (f", confusion matrix to {plot}" if plot else ""))
 
 
+def _pair_input_options(command):
+    """Options shared by `parse` and `label`: which columns hold what, and how Stanza runs."""
+    options = [
+        click.option("--format", "input_format", type=click.Choice(["csv", "tsv", "jsonl", "parquet"]),
+                     help="Input format (default: from the file name)."),
+        click.option("--premise-column", help="Default: premise, else sentence1."),
+        click.option("--hypothesis-column", help="Default: hypothesis, else sentence2."),
+        click.option("--id-column", help="Default: id, pair_id or pairID when present, else the row number."),
+        click.option("--label-column", help="Gold labels, optional (default: label or gold_label when present)."),
+        click.option("--stanza-dir", type=click.Path(path_type=Path), envvar="SPINN_STANZA_DIR", show_envvar=True,
+                     help="A local stanza_resources folder, used offline (default: Stanza's English models "
+                          "under STANZA_RESOURCES_DIR, downloaded when missing)."),
+        click.option("--parse-batch-size", type=click.IntRange(min=1), default=256, show_default=True,
+                     help="Sentences per Stanza batch."),
+        click.option("--max-tokens", type=click.IntRange(min=1), default=100, show_default=True,
+                     help="Longer sentences are rejected (too_long)."),
+        click.option("--parse-cache", type=click.Path(path_type=Path), default=Path("data/parse_cache/parses.sqlite"),
+                     show_default=True, help="Parses cached by sentence and parser model."),
+        click.option("--no-parse-cache", is_flag=True, help="Neither read nor write the parse cache."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _input_settings(settings: dict, device: str = "auto"):
+    """Pop the shared options out of a command's keyword arguments into Columns and ParserSettings."""
+    from spinn.parse import ParserSettings
+    from spinn.sentence_pairs import Columns
+
+    columns = Columns(premise=settings.pop("premise_column"), hypothesis=settings.pop("hypothesis_column"),
+                      id=settings.pop("id_column"), label=settings.pop("label_column"))
+    no_cache, cache = settings.pop("no_parse_cache"), settings.pop("parse_cache")
+    parsing = ParserSettings(stanza_dir=settings.pop("stanza_dir"), batch_size=settings.pop("parse_batch_size"),
+                             device=device, max_tokens=settings.pop("max_tokens"),
+                             cache_path=None if no_cache else cache)
+    return columns, parsing
+
+
+@main.command()
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.option("--output", "output_dir", type=click.Path(path_type=Path), default=Path("data/prepared"),
+              show_default=True, help="Folder for <split>.parquet and <split>.rejects.jsonl.")
+@click.option("--split", help="Split name (default: from the file name).")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@_pair_input_options
+def parse(input_path: Path, output_dir: Path, split: str | None, device: str, input_format: str | None,
+          **settings) -> None:
+    """Parse sentence pairs (CSV, TSV, JSONL, Parquet) with Stanza into prepared Parquet, like `spinn prepare`."""
+    from spinn.parse_stage import parse_pairs
+
+    columns, parsing = _input_settings(settings, device)
+    summary = parse_pairs(input_path, output_dir, split=split, columns=columns, input_format=input_format,
+                          settings=parsing)
+    click.echo("\n".join(summary.report()))
+
+
+@main.command()
+@click.argument("input_path", metavar="INPUT", type=click.Path(path_type=Path))
+@click.option("--model", "model_reference", required=True,
+              help="Checkpoint path or MLflow model URI (models:/spinn@champion).")
+@click.option("--output", type=click.Path(path_type=Path), required=True, help="Predictions Parquet file.")
+@click.option("--parser", type=click.Choice(["auto", "stanza", "model"]), default="auto", show_default=True,
+              help="stanza: parse first; model: a spinn model builds its own trees from tokens; auto: stanza.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=256, show_default=True, help="Pairs per model batch.")
+@click.option("--shard-size", type=click.IntRange(min=1), default=10_000, show_default=True,
+              help="Rows per shard: the unit of resuming and of parallel work.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@_pair_input_options
+def label(input_path: Path, model_reference: str, output: Path, parser: str, batch_size: int, shard_size: int,
+          device: str, input_format: str | None, **settings) -> None:
+    """Label sentence pairs with a trained model: label, probabilities and trees per row; resumable."""
+    from spinn.label import LabelSettings
+    from spinn.label import label as label_stage
+
+    columns, parsing = _input_settings(settings, device)
+    label_settings = LabelSettings(parser=parser, batch_size=batch_size, shard_size=shard_size, device=device,
+                                   columns=columns, input_format=input_format, parsing=parsing)
+    summary = label_stage(input_path, model_reference, output, label_settings)
+    click.echo("\n".join(summary.report()))
+
+
 @main.command()
 @click.option("--corpus", type=click.Path(path_type=Path), required=True,
               help="SNLI-format .jsonl(.gz) with binary parses, or a prepared .parquet split.")

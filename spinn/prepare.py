@@ -103,7 +103,7 @@ class ChunkResult:
     skipped: int
 
 
-class _PairWriter:
+class PairWriter:
     """Collects converted chunks and writes one Parquet row group per ROW_GROUP_ROWS rows."""
 
     def __init__(self, path: Path, schema: pa.Schema):
@@ -231,7 +231,7 @@ def _write_results(results: Iterable[ChunkResult], parquet_path: Path, rejects_p
                    summary: PrepareSummary, trees: TreeSource) -> None:
     """Write chunk results in order into the Parquet file and the rejects file, counting as they come."""
     schema = pair_schema(source=summary.source, trees=trees.value)
-    writer = _PairWriter(parquet_path, schema)
+    writer = PairWriter(parquet_path, schema)
     with open(rejects_path, "w", encoding="utf-8") as rejects:
         for result in results:
             writer.add(result.pairs.replace_schema_metadata(schema.metadata))

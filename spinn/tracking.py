@@ -176,6 +176,20 @@ def set_alias(name: str, alias: str, version: str) -> None:
     _client().set_registered_model_alias(name, alias, version)
 
 
+def resolve_model_uri(uri: str) -> str:
+    """`models:/spinn@champion` -> `models:/spinn/3`, the version the alias points at now; other URIs as given.
+
+    Outputs record the resolved name, because the alias moves when a better model is registered.
+    """
+    if not uri.startswith("models:/") or "@" not in uri:
+        return uri
+    name, _, alias = uri.removeprefix("models:/").partition("@")
+    version = alias_version(name, alias)
+    if version is None:
+        raise SpinnError(f"{uri}: no version of {name!r} has the alias {alias!r} in {tracking_uri()}")
+    return f"models:/{name}/{version}"
+
+
 def is_model_uri(reference: str) -> bool:
     return reference.startswith(MODEL_URI_SCHEMES)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import tempfile
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,41 @@ def prefect_api() -> Iterator[str]:
 
     with prefect_test_harness(server_startup_timeout=PREFECT_STARTUP_TIMEOUT_S):
         yield PREFECT_API_URL.value()
+
+
+@dataclass(frozen=True)
+class SmokeModel:
+    """A small spinn model trained on the smoke corpus, registered in its own MLflow store."""
+
+    checkpoint: Path
+    prepared: Path
+    archive: Path
+    tracking_uri: str
+    registered: str
+
+
+@pytest.fixture(scope="session")
+def smoke_model(tmp_path_factory) -> SmokeModel:
+    """Train once per session: the labelling tests need a real model whose vocabulary fits SNLI-style text."""
+    from spinn.config import build_train_config
+    from spinn.prepare import prepare
+    from spinn.smoke import write_smoke_corpus
+    from spinn.train import train
+    from spinn.vocab import vocab_stage
+
+    root = tmp_path_factory.mktemp("smoke-model")
+    archive = write_smoke_corpus(root / "snli_1.0.zip")
+    prepared = root / "prepared"
+    for split in ("train", "dev", "test"):
+        prepare(archive, prepared, member=f"snli_1.0_{split}.jsonl", workers=1)
+    vocab_stage(prepared / "train.parquet")
+    tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
+    config = build_train_config({"model": {"variant": "spinn", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+                                 "batch_size": 32, "max_steps": 40, "eval_every": 20, "log_every": 10,
+                                 "checkpoint_every": 20, "device": "cpu", "threads": 1,
+                                 "experiment": "label-test", "registered_model": "label-test"})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+        result = train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=root / "models",
+                       embeddings_dir=root / "embeddings", progress=False)
+    return SmokeModel(result.best_checkpoint, prepared, archive, tracking_uri, "models:/label-test@champion")

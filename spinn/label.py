@@ -1,0 +1,476 @@
+"""The label stage: a new sentence-pair corpus + a trained model -> predictions Parquet, in resumable shards.
+
+Large inputs are cut once into shards of `shard_size` rows (`plan_shards`),
+each shard is labelled on its own (`label_shard`: parse or tokenize, then the
+model) and written atomically, and the shards are merged at the end
+(`merge_shards`). A killed job rerun with the same arguments reuses the plan
+and every finished shard, so the output has exactly one row per input row:
+labelled rows in the Parquet file, rejected rows (with the reason) in the
+rejects file, never both, never twice. The plan records a fingerprint of the
+arguments (the input's and the checkpoint's digests, the parser model,
+columns, shard size): a rerun that would mix results of another model or
+input is refused instead.
+
+Shards are independent, so the Prefect flow runs them as tasks on a Dask
+cluster; every worker reads its shard from the parts folder beside the
+output (a shared filesystem when the cluster spans machines).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+
+from spinn.atomic import atomic_path
+from spinn.batching import Example, bucket_batches, make_batch
+from spinn.corpus import RejectReason
+from spinn.download import file_digest
+from spinn.errors import SpinnError
+from spinn.evaluate import LoadedModel, load_model, resolve_device
+from spinn.parse import Parsed, ParserSettings, SentenceParser, Unparsed
+from spinn.schema import LABELS
+from spinn.sentence_pairs import Columns, InputPair, read_input_pairs, simple_tokenize
+from spinn.transitions import Transition, transition_count, transitions_to_tree
+from spinn.trees import format_binary
+
+DEFAULT_SHARD_SIZE = 10_000
+DEFAULT_BATCH_SIZE = 256
+PARTS_SUFFIX = ".parts"
+PLAN_NAME = "plan.json"
+PLAN_VERSION = 1
+PARSER_STANZA = "stanza"
+PARSER_MODEL = "model"
+PARSER_AUTO = "auto"
+PARSERS = (PARSER_AUTO, PARSER_STANZA, PARSER_MODEL)
+SENTENCES = ("premise", "hypothesis")
+PROBABILITY_COLUMNS = tuple(f"p_{label}" for label in LABELS)
+
+INPUT_SCHEMA = pa.schema([
+    pa.field("row", pa.int64(), nullable=False),
+    pa.field("line", pa.int64(), nullable=False),
+    pa.field("pair_id", pa.string(), nullable=False),
+    pa.field("premise", pa.string(), nullable=False),
+    pa.field("hypothesis", pa.string(), nullable=False),
+    pa.field("gold_label", pa.string(), nullable=True),
+])
+OUTPUT_SCHEMA = pa.schema([
+    pa.field("pair_id", pa.string(), nullable=False),
+    pa.field("row", pa.int64(), nullable=False),
+    pa.field("premise", pa.string(), nullable=False),
+    pa.field("hypothesis", pa.string(), nullable=False),
+    pa.field("label", pa.string(), nullable=False),
+    *(pa.field(name, pa.float32(), nullable=False) for name in PROBABILITY_COLUMNS),
+    pa.field("premise_tree", pa.string(), nullable=False),
+    pa.field("hypothesis_tree", pa.string(), nullable=False),
+    pa.field("gold_label", pa.string(), nullable=True),
+    pa.field("model", pa.string(), nullable=False),
+    pa.field("parser", pa.string(), nullable=False),
+])
+
+
+@dataclass(frozen=True)
+class LabelSettings:
+    """How to read, parse and batch; everything that changes the output is in the plan's fingerprint."""
+
+    parser: str = PARSER_AUTO
+    batch_size: int = DEFAULT_BATCH_SIZE
+    shard_size: int = DEFAULT_SHARD_SIZE
+    device: str = "auto"
+    columns: Columns = field(default_factory=Columns)
+    input_format: str | None = None
+    parsing: ParserSettings = field(default_factory=ParserSettings)
+
+    def __post_init__(self) -> None:
+        if self.parser not in PARSERS:
+            raise SpinnError(f"--parser must be one of {PARSERS}, got {self.parser!r}")
+        if self.batch_size < 1 or self.shard_size < 1:
+            raise SpinnError(f"batch size and shard size must be at least 1, got {self.batch_size}, {self.shard_size}")
+
+
+@dataclass(frozen=True)
+class ShardPlan:
+    """The input cut into shards, and where each shard's input and results live."""
+
+    input: str
+    output: str
+    parts: str
+    shards: int
+    rows: int
+    fingerprint: dict
+
+    def path(self, kind: str, index: int, suffix: str) -> Path:
+        return Path(self.parts) / f"{kind}-{index:05d}{suffix}"
+
+    def input_pairs(self, index: int) -> Path:
+        return self.path("input", index, ".parquet")
+
+    def input_rejects(self, index: int) -> Path:
+        return self.path("input", index, ".rejects.jsonl")
+
+    def labels(self, index: int) -> Path:
+        return self.path("labels", index, ".parquet")
+
+    def label_rejects(self, index: int) -> Path:
+        return self.path("labels", index, ".rejects.jsonl")
+
+
+@dataclass
+class ShardResult:
+    index: int
+    labelled: int = 0
+    rejected: int = 0
+    reused: bool = False
+    parse_seconds: float = 0.0
+    model_seconds: float = 0.0
+    reasons: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class LabelSummary:
+    """What the stage did, for the CLI, the flow's artifacts and MLflow."""
+
+    output: Path
+    rejects: Path
+    model: str
+    parser: str
+    rows: int
+    labelled: int
+    rejected: int
+    shards: int
+    shards_reused: int
+    reasons: dict[str, int]
+    parse_seconds: float
+    model_seconds: float
+
+    @property
+    def parse_pairs_per_second(self) -> float | None:
+        return self.labelled / self.parse_seconds if self.parse_seconds else None
+
+    @property
+    def model_pairs_per_second(self) -> float | None:
+        return self.labelled / self.model_seconds if self.model_seconds else None
+
+    def report(self) -> list[str]:
+        lines = [(f"{self.rows} rows -> {self.output}: {self.labelled} labelled, {self.rejected} rejected "
+                  f"({self.shards} shards, {self.shards_reused} reused from an earlier run)")]
+        lines += [f"  rejected {reason}: {count}" for reason, count in sorted(self.reasons.items())]
+        if self.rejected:
+            lines.append(f"rejects listed in {self.rejects}")
+        speeds = [f"{name} {rate:.0f} pairs/s" for name, rate in
+                  (("parse", self.parse_pairs_per_second), ("model", self.model_pairs_per_second)) if rate]
+        if speeds:
+            lines.append(f"throughput (work done in this run): {', '.join(speeds)}")
+        lines.append(f"model {self.model}, parser {self.parser}")
+        return lines
+
+
+# ----------------------------------------------------------------------------- the model and the parser
+
+
+class Labeller:
+    """A loaded model and its parser: built once per process and shared by the shards it labels."""
+
+    def __init__(self, model_reference: str | Path, settings: LabelSettings) -> None:
+        from spinn import tracking
+
+        self.settings = settings
+        self.is_registered = tracking.is_model_uri(str(model_reference))
+        # An alias is resolved once, first: the version loaded is the version every output row names.
+        reference = str(model_reference)
+        self.reference = tracking.resolve_model_uri(reference) if self.is_registered else reference
+        self.loaded: LoadedModel = load_model(self.reference, resolve_device(settings.device))
+        self.parser_name = resolve_parser(settings.parser, self.loaded)
+        self.parser = SentenceParser(settings.parsing) if self.parser_name == PARSER_STANZA else None
+
+    @cached_property
+    def checkpoint_sha256(self) -> str:
+        return file_digest(self.loaded.checkpoint, "sha256")
+
+    @cached_property
+    def model_name(self) -> str:
+        """`models:/spinn/3` for a registry URI (the alias resolved), else the checkpoint and its digest."""
+        return self.reference if self.is_registered else f"{self.reference} (sha256 {self.checkpoint_sha256[:12]})"
+
+    def fingerprint(self) -> dict:
+        parser = {"parser": self.parser_name}
+        if self.parser is not None:
+            parser.update(parser_model=self.parser.model_id, max_tokens=self.settings.parsing.max_tokens)
+        else:
+            parser.update(max_tokens=self.settings.parsing.max_tokens)
+        return {"checkpoint_sha256": self.checkpoint_sha256, **parser}
+
+    def close(self) -> None:
+        if self.parser is not None:
+            self.parser.close()
+
+
+def resolve_parser(parser: str, loaded: LoadedModel) -> str:
+    """`auto` parses with Stanza: every model so far was trained on parses and expects parser-made trees."""
+    if parser == PARSER_MODEL and not loaded.model.config.predicts_transitions:
+        raise SpinnError(f"--parser model needs a model that predicts its own transitions (spinn); "
+                         f"this one is {loaded.model.config.variant}")
+    return PARSER_STANZA if parser == PARSER_AUTO else parser
+
+
+# ----------------------------------------------------------------------------- plan
+
+
+def parts_folder(output: Path) -> Path:
+    return Path(output).with_name(Path(output).name + PARTS_SUFFIX)
+
+
+def plan_shards(input_path: Path, output: Path, settings: LabelSettings, labeller_fingerprint: dict) -> ShardPlan:
+    """Cut the input into shard files once; a rerun with the same arguments reuses them."""
+    input_path, output = Path(input_path), Path(output)
+    if not input_path.is_file():
+        raise SpinnError(f"{input_path}: no such input file")
+    parts = parts_folder(output)
+    fingerprint = {"version": PLAN_VERSION, "input": str(input_path.resolve()),
+                   "input_sha256": file_digest(input_path, "sha256"), "columns": asdict(settings.columns),
+                   "format": settings.input_format, "shard_size": settings.shard_size, **labeller_fingerprint}
+    existing = _read_plan(parts)
+    if existing is not None:
+        _check_same_arguments(existing, fingerprint, parts)
+        return existing
+    parts.mkdir(parents=True, exist_ok=True)
+    shards, rows = _write_input_shards(input_path, parts, settings)
+    plan = ShardPlan(str(input_path), str(output), str(parts), shards, rows, fingerprint)
+    with atomic_path(parts / PLAN_NAME) as temporary:
+        temporary.write_text(json.dumps(asdict(plan), indent=2), encoding="utf-8")
+    return plan
+
+
+def _read_plan(parts: Path) -> ShardPlan | None:
+    path = parts / PLAN_NAME
+    if not path.is_file():
+        return None
+    try:
+        return ShardPlan(**json.loads(path.read_text(encoding="utf-8")))
+    except (ValueError, TypeError) as error:
+        raise SpinnError(f"{path}: not a label plan ({error}); delete {parts} to start over") from None
+
+
+def _check_same_arguments(plan: ShardPlan, fingerprint: dict, parts: Path) -> None:
+    changed = sorted(key for key in fingerprint.keys() | plan.fingerprint.keys()
+                     if fingerprint.get(key) != plan.fingerprint.get(key))
+    if changed:
+        raise SpinnError(f"{parts}: holds shards of another run (different {', '.join(changed)}); "
+                         "rerun with the same arguments to resume, or delete the folder or choose another --output")
+
+
+def _write_input_shards(input_path: Path, parts: Path, settings: LabelSettings) -> tuple[int, int]:
+    """Stream the input once, writing each shard's pairs and reading rejects; returns (shards, rows)."""
+    pairs: list[InputPair] = []
+    rejects: list[dict] = []
+    shard = rows = 0
+    for rows, item in enumerate(read_input_pairs(input_path, settings.columns, settings.input_format), start=1):
+        if isinstance(item, InputPair):
+            pairs.append(item)
+        else:
+            rejects.append({**json.loads(item.to_json()), "row": rows})
+        if rows % settings.shard_size == 0:
+            _write_input_shard(parts, shard, pairs, rejects)
+            shard, pairs, rejects = shard + 1, [], []
+    if pairs or rejects or shard == 0:
+        _write_input_shard(parts, shard, pairs, rejects)
+        shard += 1
+    return shard, rows
+
+
+def _write_input_shard(parts: Path, index: int, pairs: list[InputPair], rejects: list[dict]) -> None:
+    plan = ShardPlan("", "", str(parts), 0, 0, {})
+    table = pa.Table.from_pylist([{"row": p.row, "line": p.line, "pair_id": p.pair_id, "premise": p.premise,
+                                   "hypothesis": p.hypothesis, "gold_label": p.label} for p in pairs],
+                                 schema=INPUT_SCHEMA)
+    _write_jsonl(plan.input_rejects(index), rejects)
+    with atomic_path(plan.input_pairs(index)) as temporary:
+        pq.write_table(table, temporary)
+
+
+def _write_jsonl(path: Path, records: list[dict]) -> None:
+    with atomic_path(path) as temporary:
+        temporary.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records),
+                             encoding="utf-8")
+
+
+# ----------------------------------------------------------------------------- one shard
+
+
+def label_shard(plan: ShardPlan, index: int, labeller: Labeller) -> ShardResult:
+    """Label one shard unless a finished result is already there (its Parquet file is written last)."""
+    if plan.labels(index).is_file():
+        return _reused(plan, index)
+    pairs = pq.read_table(plan.input_pairs(index)).to_pylist()
+    result = ShardResult(index)
+    trees, rejects = _sentence_trees(pairs, labeller, plan.input, result)
+    kept = [pair for pair in pairs if pair["row"] in trees]
+    rows = _predict(kept, trees, labeller, result)
+    result.labelled, result.rejected = len(rows), len(rejects)
+    result.reasons = dict(Counter(reject["reason"] for reject in rejects))
+    _write_jsonl(plan.label_rejects(index), rejects)
+    with atomic_path(plan.labels(index)) as temporary:
+        pq.write_table(pa.Table.from_pylist(rows, schema=OUTPUT_SCHEMA), temporary)
+    return result
+
+
+def _reused(plan: ShardPlan, index: int) -> ShardResult:
+    reasons = Counter(json.loads(line)["reason"] for line in _lines(plan.label_rejects(index)))
+    labelled = pq.read_metadata(plan.labels(index)).num_rows
+    return ShardResult(index, labelled, sum(reasons.values()), True, reasons=dict(reasons))
+
+
+def _lines(path: Path) -> list[str]:
+    return [line for line in path.read_text(encoding="utf-8").splitlines() if line] if path.is_file() else []
+
+
+@dataclass(frozen=True)
+class _Sentence:
+    tokens: list[str]
+    transitions: list[int] | None  # None: the model predicts them
+    tree: str | None
+
+
+def _sentence_trees(pairs: list[dict], labeller: Labeller, source: str,
+                    result: ShardResult) -> tuple[dict[int, tuple[_Sentence, _Sentence]], list[dict]]:
+    """Row -> (premise, hypothesis) ready for the model, and a reject for every row that is not."""
+    texts = [pair[name] for pair in pairs for name in SENTENCES]
+    start = time.perf_counter()
+    analysed = labeller.parser.parse(texts) if labeller.parser else {text: _tokenized(text, labeller) for text in texts}
+    result.parse_seconds = time.perf_counter() - start
+    trees, rejects = {}, []
+    for pair in pairs:
+        sentences = [analysed[pair[name]] for name in SENTENCES]
+        failed = next(((name, s) for name, s in zip(SENTENCES, sentences) if isinstance(s, Unparsed)), None)
+        if failed is None:
+            trees[pair["row"]] = tuple(_as_sentence(s) for s in sentences)
+        else:
+            name, problem = failed
+            rejects.append({"file": source, "line": pair["line"], "reason": problem.reason.value, "field": name,
+                            "message": problem.message, "raw": json.dumps(pair, ensure_ascii=False),
+                            "row": pair["row"]})
+    return trees, rejects
+
+
+def _tokenized(text: str, labeller: Labeller) -> _Sentence | Unparsed:
+    """The model builds its own tree: it needs only tokens (same limits as the parser's)."""
+    tokens = simple_tokenize(text)
+    limit = labeller.settings.parsing.max_tokens
+    if not tokens:
+        return Unparsed(RejectReason.EMPTY_SENTENCE, "no tokens")
+    if len(tokens) > limit:
+        return Unparsed(RejectReason.TOO_LONG, f"{len(tokens)} tokens, more than the limit of {limit}")
+    return _Sentence(tokens, None, None)
+
+
+def _as_sentence(analysed: Parsed | _Sentence) -> _Sentence:
+    if isinstance(analysed, _Sentence):
+        return analysed
+    return _Sentence(list(analysed.tokens), list(analysed.transitions), analysed.binary_parse)
+
+
+def _placeholder(n_tokens: int) -> tuple[int, ...]:
+    """Transitions the batch format needs but a model predicting its own never reads."""
+    return (Transition.SHIFT,) * n_tokens + (Transition.REDUCE,) * (n_tokens - 1)
+
+
+def _predict(pairs: list[dict], trees: dict, labeller: Labeller, result: ShardResult) -> list[dict]:
+    """Run the model over the shard in length-sorted batches; the order of rows does not change any number."""
+    if not pairs:
+        return []
+    vocabulary, model = labeller.loaded.vocabulary, labeller.loaded.model
+    predict = labeller.parser is None
+    examples = []
+    for pair in pairs:
+        premise, hypothesis = trees[pair["row"]]
+        examples.append(Example(tuple(vocabulary.encode(premise.tokens)),
+                                tuple(premise.transitions or _placeholder(len(premise.tokens))),
+                                tuple(vocabulary.encode(hypothesis.tokens)),
+                                tuple(hypothesis.transitions or _placeholder(len(hypothesis.tokens)))))
+    device = next(model.parameters()).device
+    probabilities = torch.zeros(len(pairs), len(LABELS))
+    ran: list[tuple[int, ...] | None] = [None] * (2 * len(pairs))
+    start = time.perf_counter()
+    with torch.no_grad():
+        for indices in bucket_batches(examples, labeller.settings.batch_size, shuffle=False):
+            output = model(make_batch([examples[i] for i in indices]).to(device), predict_transitions=predict)
+            probabilities[indices] = torch.softmax(output.logits.float(), dim=1).cpu()  # (b, 3)
+            if predict:
+                _keep_transitions(output.transitions.cpu(), indices, len(pairs), examples, ran)
+    result.model_seconds = time.perf_counter() - start
+    return [_output_row(pair, trees[pair["row"]], probabilities[i], ran[i], ran[len(pairs) + i], labeller)
+            for i, pair in enumerate(pairs)]
+
+
+def _keep_transitions(transitions: torch.Tensor, indices: list[int], pairs: int, examples: list[Example],
+                      ran: list) -> None:
+    """Take each sentence's own 2n-1 steps from the (2b, T) left-padded transitions that ran."""
+    b = len(indices)
+    for position, index in enumerate(indices):
+        for offset, sentence in ((0, examples[index].premise), (pairs, examples[index].hypothesis)):
+            steps = transition_count(len(sentence))
+            row = position if offset == 0 else b + position
+            ran[offset + index] = tuple(int(t) for t in transitions[row, -steps:])
+
+
+def _output_row(pair: dict, sentences: tuple, probabilities: torch.Tensor, premise_ran, hypothesis_ran,
+                labeller: Labeller) -> dict:
+    trees = [sentence.tree or format_binary(transitions_to_tree(sentence.tokens, ran))
+             for sentence, ran in zip(sentences, (premise_ran, hypothesis_ran))]
+    row = {"pair_id": pair["pair_id"], "row": pair["row"], "premise": pair["premise"],
+           "hypothesis": pair["hypothesis"], "label": LABELS[int(probabilities.argmax())],
+           "premise_tree": trees[0], "hypothesis_tree": trees[1], "gold_label": pair["gold_label"],
+           "model": labeller.model_name, "parser": labeller.parser_name}
+    row.update({name: float(value) for name, value in zip(PROBABILITY_COLUMNS, probabilities.tolist())})
+    return row
+
+
+# ----------------------------------------------------------------------------- merge and the whole stage
+
+
+def merge_shards(plan: ShardPlan, results: list[ShardResult], model: str, parser: str) -> LabelSummary:
+    """Concatenate finished shards in row order into the output and its rejects file (both atomic)."""
+    missing = [index for index in range(plan.shards) if not plan.labels(index).is_file()]
+    if missing:
+        raise SpinnError(f"{plan.parts}: shards {missing[:10]} are not finished; rerun to complete them")
+    output = Path(plan.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(output) as temporary:
+        writer = pq.ParquetWriter(temporary, OUTPUT_SCHEMA)
+        for index in range(plan.shards):
+            writer.write_table(pq.read_table(plan.labels(index), schema=OUTPUT_SCHEMA))
+        writer.close()
+    rejects_path = rejects_file(output)
+    rejects = []
+    for index in range(plan.shards):
+        rejects += [json.loads(line) for line in _lines(plan.input_rejects(index)) + _lines(plan.label_rejects(index))]
+    _write_jsonl(rejects_path, sorted(rejects, key=lambda reject: reject["row"]))
+    reasons = Counter(reject["reason"] for reject in rejects)
+    return LabelSummary(output, rejects_path, model, parser, plan.rows, sum(r.labelled for r in results),
+                        len(rejects), plan.shards, sum(r.reused for r in results), dict(reasons),
+                        sum(r.parse_seconds for r in results), sum(r.model_seconds for r in results))
+
+
+def rejects_file(output: Path) -> Path:
+    """`labels.parquet` -> `labels.rejects.jsonl`."""
+    return Path(output).with_name(Path(output).name.removesuffix(".parquet") + ".rejects.jsonl")
+
+
+def label(input_path: Path, model_reference: str | Path, output: Path,
+          settings: LabelSettings | None = None) -> LabelSummary:
+    """Label every row of `input_path` with the model; resumable (see the module docstring)."""
+    settings = settings or LabelSettings()
+    labeller = Labeller(model_reference, settings)
+    try:
+        plan = plan_shards(input_path, output, settings, labeller.fingerprint())
+        results = [label_shard(plan, index, labeller) for index in range(plan.shards)]
+        return merge_shards(plan, results, labeller.model_name, labeller.parser_name)
+    finally:
+        labeller.close()
