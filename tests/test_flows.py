@@ -221,8 +221,10 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_
     cli(["prefect", "--no-prompt", "deploy", "--all"], checkout, env)
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("evaluate-spinn/default")
+        labelling = client.read_deployment_by_name("label-pairs/inbox")
     assert deployment.pull_steps == [{"prefect.deployments.steps.set_working_directory":
                                       {"directory": str(checkout.resolve())}}]
+    assert [schedule.schedule.cron for schedule in labelling.schedules] == ["*/15 * * * *"]
 
     output = tmp_path / "deployed" / "test.json"
     evaluation = {"model": "models:/flow-test@champion", "device": "cpu", "output": str(output),
