@@ -8,12 +8,17 @@ leaves its predictions, an index entry, a Prefect artifact row and an MLflow run
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
-from flows.label_pairs import DONE, FAILED, LABELING_EXPERIMENT, LabelRequest, read_index
+from flows.label_pairs import (
+    DONE,
+    FAILED,
+    LABELING_EXPERIMENT,
+    LabelRequest,
+    read_index,
+)
 from tests.test_label import smoke_pairs, stanza_dir, write_rows
 
 pytestmark = pytest.mark.slow
