@@ -91,7 +91,8 @@ class Batch:
 
 
 def make_batch(examples: Sequence[Example]) -> Batch:
-    """Pad a list of pairs into one Batch; checks each sentence has 2n-1 transitions."""
+    """Pad a list of pairs into one Batch; checks each sentence has 2n-1 transitions, or none at all
+    (tokens-only data for models that build their own trees: its rows are all padding)."""
     if not examples:
         raise SpinnError("cannot make a batch of zero examples")
     sentences = [e.premise for e in examples] + [e.hypothesis for e in examples]
@@ -100,7 +101,7 @@ def make_batch(examples: Sequence[Example]) -> Batch:
     if lengths.min() < 1:
         raise SpinnError("every sentence needs at least one token")
     for sentence, sequence in zip(sentences, transitions):
-        if len(sequence) != transition_count(len(sentence)):
+        if sequence and len(sequence) != transition_count(len(sentence)):
             raise SpinnError(f"{len(sentence)} tokens need {transition_count(len(sentence))} transitions, "
                              f"got {len(sequence)}")
     width = int(lengths.max())

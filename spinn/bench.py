@@ -65,6 +65,8 @@ def run_bench(
     _check_options(mode, impl, device, steps, warmup, pairs, threads)
     if impl == "reference" and compose != "needed":
         raise SpinnError("--compose all applies to --impl fast; the reference composes only the rows that reduce")
+    if impl == "reference" and variant == "rl":
+        raise SpinnError("--variant rl has no reference implementation; use --impl fast")
     with _torch_threads(threads):
         return _run(Path(corpus), pairs, variant, mode, batch_size, d_hidden, d_tracker, d_embed, steps, warmup,
                     device, impl, compose, amp, compile, seed)
@@ -94,7 +96,7 @@ def _run(corpus: Path, pairs: int | None, variant: str, mode: str, batch_size: i
         model.compile_cells()
     runner = model if impl == "fast" else ReferenceSPINN(model)
     batches = [batch.to(device) for batch in take_batches(examples, batch_size, warmup + steps, seed)]
-    predict = mode == "infer" and variant == "spinn" and impl == "fast"
+    predict = mode == "infer" and config.predicts_transitions and impl == "fast"
     step = _train_step(model, runner, config, device, amp) if mode == "train" else \
         _infer_step(model, runner, device, amp, predict)
     seconds, peak = _time(step, batches, warmup, device)

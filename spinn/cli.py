@@ -101,7 +101,7 @@ def vocab(train: Path, output: Path | None, config_path: Path | None, lowercase:
 
     settings = _section(config_path, "vocab", lowercase=lowercase, min_freq=min_freq, max_size=max_size)
     vocabulary, path = vocab_stage(train, output, **settings)
-    click.echo(f"{path}: {len(vocabulary)} entries ({', '.join(f'{k}={v}' for k, v in settings.items())})")
+    click.echo(f"{path}: {len(vocabulary)} entries (lowercase={vocabulary.lowercase}, min_freq={vocabulary.min_freq})")
 
 
 @main.command()
@@ -163,7 +163,8 @@ def check_binarization(input_path: Path, member: str | None, show: int) -> None:
               help="params.yaml whose `train` and `embeddings` sections set the run.")
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
               help="Override a setting, e.g. --set model.variant=spinn --set max_steps=2000 (repeatable).")
-@click.option("--variant", type=click.Choice(["cbow", "pi-nt", "pi", "spinn"]), help="Shortcut for --set model.variant=...")
+@click.option("--variant", type=click.Choice(["cbow", "pi-nt", "pi", "spinn", "rl"]),
+              help="Shortcut for --set model.variant=...")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), help="Shortcut for --set device=...")
 @click.option("--vocab", "vocab_path", type=click.Path(path_type=Path), help="Vocabulary (default: vocab.json beside --train).")
 @click.option("--output", "output_dir", type=click.Path(path_type=Path), default=Path("data/models"), show_default=True,
@@ -271,16 +272,18 @@ def _input_settings(settings: dict, device: str = "auto"):
 @click.option("--output", "output_dir", type=click.Path(path_type=Path), default=Path("data/prepared"),
               show_default=True, help="Folder for <split>.parquet and <split>.rejects.jsonl.")
 @click.option("--split", help="Split name (default: from the file name).")
+@click.option("--trees", type=click.Choice(["stanza", "none"]), default="stanza", show_default=True,
+              help="none: tokens only, no parser, for models that build their own trees (rl).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
 @_pair_input_options
-def parse(input_path: Path, output_dir: Path, split: str | None, device: str, input_format: str | None,
+def parse(input_path: Path, output_dir: Path, split: str | None, trees: str, device: str, input_format: str | None,
           **settings) -> None:
     """Parse sentence pairs (CSV, TSV, JSONL, Parquet) with Stanza into prepared Parquet, like `spinn prepare`."""
     from spinn.parse_stage import parse_pairs
 
     columns, parsing = _input_settings(settings, device)
     summary = parse_pairs(input_path, output_dir, split=split, columns=columns, input_format=input_format,
-                          settings=parsing)
+                          settings=parsing, trees=trees)
     click.echo("\n".join(summary.report()))
 
 
@@ -310,10 +313,24 @@ def label(input_path: Path, model_reference: str, output: Path, parser: str, bat
 
 
 @main.command()
+@click.option("--model", "model_reference", required=True, help="A spinn or rl checkpoint, or an MLflow model URI.")
+@click.option("--input", "input_path", type=click.Path(path_type=Path), required=True,
+              help="A .txt file with one sentence per line, or a sentence-pair file (CSV, TSV, JSONL, Parquet).")
+@click.option("--output", type=click.Path(path_type=Path), required=True, help="One bracketed tree per line.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+def trees(model_reference: str, input_path: Path, output: Path, device: str) -> None:
+    """Write the binary trees a model builds by itself, in SNLI's bracket format."""
+    from spinn.induce import induce_trees
+
+    count = induce_trees(model_reference, input_path, output, device=device)
+    click.echo(f"{count} trees written to {output}")
+
+
+@main.command()
 @click.option("--corpus", type=click.Path(path_type=Path), required=True,
               help="SNLI-format .jsonl(.gz) with binary parses, or a prepared .parquet split.")
 @click.option("--pairs", type=int, help="Resample the corpus to this many pairs (e.g. 550152 for an SNLI epoch).")
-@click.option("--variant", type=click.Choice(["pi-nt", "pi", "spinn"]), default="pi", show_default=True)
+@click.option("--variant", type=click.Choice(["pi-nt", "pi", "spinn", "rl"]), default="pi", show_default=True)
 @click.option("--mode", type=click.Choice(["train", "infer"]), default="train", show_default=True)
 @click.option("--impl", type=click.Choice(["fast", "reference"]), default="fast", show_default=True,
               help="reference: the seed article's per-example stacks, kept only for comparison.")

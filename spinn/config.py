@@ -26,9 +26,10 @@ PAPER_OPTIMIZATION: dict[str, tuple[float, float]] = {
     "pi-nt": (3e-4, 3e-6),
     "pi": (7e-3, 2e-5),
     "spinn": (2e-3, 3e-5),
+    "rl": (2e-3, 3e-5),  # not in the paper: spinn's, the model it extends
 }
 PAPER_MODELS: dict[str, str] = {"pi-nt": "spinn-pi-nt-300d", "pi": "spinn-pi-300d", "spinn": "spinn-300d",
-                                "cbow": "spinn-pi-nt-300d"}
+                                "cbow": "spinn-pi-nt-300d", "rl": "rl-300d"}
 OOV_POLICIES = ("random", "zeros")
 DEVICES = ("auto", "cpu", "cuda")
 

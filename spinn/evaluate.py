@@ -21,6 +21,7 @@ import torch
 
 from spinn.atomic import atomic_path
 from spinn.batching import (
+    PAD_TRANSITION,
     Example,
     bucket_batches,
     encode_pairs,
@@ -32,6 +33,7 @@ from spinn.errors import SpinnError
 from spinn.metrics import Metrics, plot_confusion, score
 from spinn.model import SPINN, SPINNConfig, transition_counts
 from spinn.schema import LABELS
+from spinn.transitions import bracket_counts, transition_count
 from spinn.vocab import Vocabulary
 
 EVAL_BATCH_SIZE = 256
@@ -80,9 +82,10 @@ class Predictions:
     gold: numpy.ndarray  # (N,) int64
     predicted: numpy.ndarray  # (N,) int64
     transition_accuracy: float | None
+    bracket_f1: float | None = None
 
     def metrics(self) -> Metrics:
-        return score(self.gold, self.predicted, self.transition_accuracy)
+        return score(self.gold, self.predicted, self.transition_accuracy, self.bracket_f1)
 
 
 def predict_examples(model: SPINN, examples: Sequence[Example], device: torch.device, *,
@@ -92,6 +95,7 @@ def predict_examples(model: SPINN, examples: Sequence[Example], device: torch.de
     model.eval()
     gold, predicted = [], []
     correct_steps = total_steps = 0
+    brackets = numpy.zeros(3, dtype=numpy.int64)  # matched, predicted, gold
     with torch.no_grad():
         for indices in bucket_batches(examples, batch_size, shuffle=False):
             batch = make_batch([examples[i] for i in indices]).to(device)
@@ -101,9 +105,24 @@ def predict_examples(model: SPINN, examples: Sequence[Example], device: torch.de
             if output.transition_logits is not None:
                 steps, correct = transition_counts(output, batch)
                 total_steps, correct_steps = total_steps + steps, correct_steps + correct
+            if predict_transitions:
+                brackets += _bracket_counts(output.transitions.cpu(), batch)
     model.train(was_training)
     transition_accuracy = correct_steps / total_steps if total_steps else None
-    return Predictions(torch.cat(gold).numpy(), torch.cat(predicted).numpy(), transition_accuracy)
+    bracket_f1 = 2 * brackets[0] / (brackets[1] + brackets[2]) if predict_transitions and brackets[1:].sum() else None
+    return Predictions(torch.cat(gold).numpy(), torch.cat(predicted).numpy(), transition_accuracy,
+                       None if bracket_f1 is None else float(bracket_f1))
+
+
+def _bracket_counts(ran: torch.Tensor, batch) -> numpy.ndarray:
+    """Summed (matched, predicted, gold) spans of the trees that ran against the batch's gold trees."""
+    counts = numpy.zeros(3, dtype=numpy.int64)
+    gold = batch.transitions.cpu()
+    for row, length in enumerate(batch.lengths.tolist()):
+        steps = transition_count(length)
+        if gold[row, -1] != PAD_TRANSITION:  # tokens-only rows have no tree to compare with
+            counts += bracket_counts(ran[row, -steps:].tolist(), gold[row, -steps:].tolist())
+    return counts
 
 
 def score_examples(model: SPINN, examples: Sequence[Example], device: torch.device, *,

@@ -31,13 +31,13 @@ import torch
 
 from spinn.atomic import atomic_path
 from spinn.batching import Example, bucket_batches, make_batch
-from spinn.corpus import RejectReason
 from spinn.download import file_digest
 from spinn.errors import SpinnError
 from spinn.evaluate import LoadedModel, load_model, resolve_device
 from spinn.parse import Parsed, ParserSettings, SentenceParser, Unparsed
+from spinn.parse_stage import TokenOnly
 from spinn.schema import LABELS
-from spinn.sentence_pairs import Columns, InputPair, read_input_pairs, simple_tokenize
+from spinn.sentence_pairs import Columns, InputPair, read_input_pairs
 from spinn.transitions import Transition, transition_count, transitions_to_tree
 from spinn.trees import format_binary
 
@@ -188,7 +188,8 @@ class Labeller:
         self.reference = tracking.resolve_model_uri(reference) if self.is_registered else reference
         self.loaded: LoadedModel = load_model(self.reference, resolve_device(settings.device))
         self.parser_name = resolve_parser(settings.parser, self.loaded)
-        self.parser = SentenceParser(settings.parsing) if self.parser_name == PARSER_STANZA else None
+        self.parser = SentenceParser(settings.parsing) if self.parser_name == PARSER_STANZA \
+            else TokenOnly(settings.parsing.max_tokens)
 
     @cached_property
     def checkpoint_sha256(self) -> str:
@@ -200,24 +201,22 @@ class Labeller:
         return self.reference if self.is_registered else f"{self.reference} (sha256 {self.checkpoint_sha256[:12]})"
 
     def fingerprint(self) -> dict:
-        parser = {"parser": self.parser_name}
-        if self.parser is not None:
-            parser.update(parser_model=self.parser.model_id, max_tokens=self.settings.parsing.max_tokens)
-        else:
-            parser.update(max_tokens=self.settings.parsing.max_tokens)
-        return {"checkpoint_sha256": self.checkpoint_sha256, **parser}
+        return {"checkpoint_sha256": self.checkpoint_sha256, "parser": self.parser_name,
+                "parser_model": self.parser.model_id, "max_tokens": self.settings.parsing.max_tokens}
 
     def close(self) -> None:
-        if self.parser is not None:
-            self.parser.close()
+        self.parser.close()
 
 
 def resolve_parser(parser: str, loaded: LoadedModel) -> str:
-    """`auto` parses with Stanza: every model so far was trained on parses and expects parser-made trees."""
-    if parser == PARSER_MODEL and not loaded.model.config.predicts_transitions:
-        raise SpinnError(f"--parser model needs a model that predicts its own transitions (spinn); "
-                         f"this one is {loaded.model.config.variant}")
-    return PARSER_STANZA if parser == PARSER_AUTO else parser
+    """`auto`: an rl model builds its own trees (it learned them); the others were trained on parses."""
+    config = loaded.model.config
+    if parser == PARSER_MODEL and not config.predicts_transitions:
+        raise SpinnError(f"--parser model needs a model that predicts its own transitions (spinn, rl); "
+                         f"this one is {config.variant}")
+    if parser == PARSER_AUTO:
+        return PARSER_MODEL if config.samples_transitions else PARSER_STANZA
+    return parser
 
 
 # ----------------------------------------------------------------------------- plan
@@ -343,7 +342,7 @@ def _sentence_trees(pairs: list[dict], labeller: Labeller, source: str,
     """Row -> (premise, hypothesis) ready for the model, and a reject for every row that is not."""
     texts = [pair[name] for pair in pairs for name in SENTENCES]
     start = time.perf_counter()
-    analysed = labeller.parser.parse(texts) if labeller.parser else {text: _tokenized(text, labeller) for text in texts}
+    analysed = labeller.parser.parse(texts)
     result.parse_seconds = time.perf_counter() - start
     trees, rejects = {}, []
     for pair in pairs:
@@ -359,20 +358,10 @@ def _sentence_trees(pairs: list[dict], labeller: Labeller, source: str,
     return trees, rejects
 
 
-def _tokenized(text: str, labeller: Labeller) -> _Sentence | Unparsed:
-    """The model builds its own tree: it needs only tokens (same limits as the parser's)."""
-    tokens = simple_tokenize(text)
-    limit = labeller.settings.parsing.max_tokens
-    if not tokens:
-        return Unparsed(RejectReason.EMPTY_SENTENCE, "no tokens")
-    if len(tokens) > limit:
-        return Unparsed(RejectReason.TOO_LONG, f"{len(tokens)} tokens, more than the limit of {limit}")
-    return _Sentence(tokens, None, None)
-
-
-def _as_sentence(analysed: Parsed | _Sentence) -> _Sentence:
-    if isinstance(analysed, _Sentence):
-        return analysed
+def _as_sentence(analysed: Parsed) -> _Sentence:
+    """Tokens only (no transitions) means the model builds the tree."""
+    if not analysed.transitions:
+        return _Sentence(list(analysed.tokens), None, None)
     return _Sentence(list(analysed.tokens), list(analysed.transitions), analysed.binary_parse)
 
 
@@ -386,7 +375,7 @@ def _predict(pairs: list[dict], trees: dict, labeller: Labeller, result: ShardRe
     if not pairs:
         return []
     vocabulary, model = labeller.loaded.vocabulary, labeller.loaded.model
-    predict = labeller.parser is None
+    predict = labeller.parser_name == PARSER_MODEL
     examples = []
     for pair in pairs:
         premise, hypothesis = trees[pair["row"]]

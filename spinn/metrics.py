@@ -32,6 +32,8 @@ class Metrics:
     confusion: tuple[tuple[int, ...], ...]
     classes: tuple[str, ...] = LABELS
     transition_accuracy: float | None = None
+    bracket_f1: float | None = None
+    """Unlabelled bracket F1 of the model's own trees against the data's (when it built its own)."""
 
     @property
     def examples(self) -> int:
@@ -64,6 +66,8 @@ class Metrics:
         result: dict = {"accuracy": self.accuracy, "macro_f1": self.macro_f1, "examples": self.examples}
         if self.transition_accuracy is not None:
             result["transition_accuracy"] = self.transition_accuracy
+        if self.bracket_f1 is not None:
+            result["bracket_f1"] = self.bracket_f1
         result["per_class"] = {name: vars(score) for name, score in self.per_class().items()}
         result["confusion_matrix"] = {"labels": list(self.classes), "counts": [list(row) for row in self.confusion]}
         return result
@@ -79,9 +83,10 @@ def confusion_matrix(gold: np.ndarray, predicted: np.ndarray, n_classes: int = l
     return np.bincount(gold * n_classes + predicted, minlength=n_classes * n_classes).reshape(n_classes, n_classes)
 
 
-def score(gold: np.ndarray, predicted: np.ndarray, transition_accuracy: float | None = None) -> Metrics:
+def score(gold: np.ndarray, predicted: np.ndarray, transition_accuracy: float | None = None,
+          bracket_f1: float | None = None) -> Metrics:
     matrix = confusion_matrix(gold, predicted)
-    return Metrics(tuple(tuple(int(v) for v in row) for row in matrix), LABELS, transition_accuracy)
+    return Metrics(tuple(tuple(int(v) for v in row) for row in matrix), LABELS, transition_accuracy, bracket_f1)
 
 
 def plot_confusion(metrics: Metrics, path: Path, title: str = "Confusion matrix") -> Path:

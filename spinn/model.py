@@ -11,6 +11,9 @@ vector. Three variants, chosen by `SPINNConfig.variant`:
 - `spinn`: the tracker also predicts SHIFT/REDUCE. Training supervises it with
   the gold transitions (loss weight alpha); at inference it can run on its own
   predictions, illegal actions masked, so no parser is needed.
+- `rl`: the tracker's prediction is a policy: training samples the trees and
+  learns them from the NLI reward with REINFORCE (spinn/policy.py), with
+  optional supervision; evaluation takes the best legal action. No parses needed.
 - `cbow`: no tree at all, the mean of the projected word vectors with the same
   classifier; the sanity baseline every tree model must beat.
 
@@ -40,10 +43,21 @@ from torch.autograd.function import once_differentiable
 
 from spinn.batching import PAD_TRANSITION, Batch
 from spinn.errors import SpinnError
+from spinn.policy import (
+    BASELINES,
+    REWARDS,
+    MovingAverageBaseline,
+    PolicyTerms,
+    ValueBaseline,
+    chance_reward,
+    draw_uniforms,
+    reinforce,
+    sample_actions,
+)
 from spinn.schema import LABELS
 from spinn.transitions import Transition
 
-TREE_VARIANTS = ("pi-nt", "pi", "spinn")
+TREE_VARIANTS = ("pi-nt", "pi", "spinn", "rl")
 BASELINE = "cbow"
 VARIANTS = (*TREE_VARIANTS, BASELINE)
 COMPOSE_STRATEGIES = ("needed", "all")
@@ -73,6 +87,11 @@ class SPINNConfig:
     transition_loss_weight: float = 3.9
     n_classes: int = len(LABELS)
     compose: str = "needed"
+    reward: str = "log_likelihood"  # rl: log p(gold label), or "correct" (1/0)
+    baseline: str = "moving_average"  # rl: or "value", a learned baseline on bag-of-words features
+    baseline_decay: float = 0.99  # rl: moving-average decay
+    policy_weight: float = 1.0  # rl: weight of the REINFORCE term
+    entropy_weight: float = 0.01  # rl: bonus for exploring (subtracted from the loss)
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -89,10 +108,15 @@ class SPINNConfig:
         for name in ("embed_dropout", "mlp_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise SpinnError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.reward not in REWARDS or self.baseline not in BASELINES:
+            raise SpinnError(f"reward must be one of {REWARDS} and baseline one of {BASELINES}, "
+                             f"got {self.reward!r}, {self.baseline!r}")
+        if not 0.0 <= self.baseline_decay < 1.0:
+            raise SpinnError(f"baseline_decay must be in [0, 1), got {self.baseline_decay}")
 
     @property
     def has_tracker(self) -> bool:
-        return self.variant in ("pi", "spinn")
+        return self.variant in ("pi", "spinn", "rl")
 
     @property
     def uses_trees(self) -> bool:
@@ -100,7 +124,12 @@ class SPINNConfig:
 
     @property
     def predicts_transitions(self) -> bool:
-        return self.variant == "spinn"
+        return self.variant in ("spinn", "rl")
+
+    @property
+    def samples_transitions(self) -> bool:
+        """rl: training samples its own trees (no gold transitions needed)."""
+        return self.variant == "rl"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -125,6 +154,9 @@ PRESETS: dict[str, SPINNConfig] = {
                               mlp_dim=1024, embed_dropout=0.14, mlp_dropout=0.06, use_batch_norm=True,
                               transition_loss_weight=3.9),
     "tiny": SPINNConfig(variant="spinn", d_embed=8, d_hidden=6, d_tracker=5, mlp_layers=1, mlp_dim=10),
+    # The spinn-300d shape, learning its trees from the reward alone (no transition supervision).
+    "rl-300d": SPINNConfig(variant="rl", d_embed=300, d_hidden=300, d_tracker=79, mlp_layers=1, mlp_dim=1024,
+                           embed_dropout=0.14, mlp_dropout=0.06, use_batch_norm=True, transition_loss_weight=0.0),
 }
 
 
@@ -144,12 +176,14 @@ class SPINNOutput(NamedTuple):
     hypothesis: Tensor  # (B, D)
     transition_logits: Tensor | None  # (2B, T, 2) premises then hypotheses
     transitions: Tensor  # (2B, T)
+    baseline: Tensor | None = None  # (B,) rl while training: the baseline each pair's reward is compared with
 
 
 class Loss(NamedTuple):
     total: Tensor
     classification: Tensor
     transition: Tensor | None
+    policy: PolicyTerms | None = None
 
 
 # ----------------------------------------------------------------------------- cells
@@ -432,13 +466,15 @@ class Encoder(nn.Module):
         self.tracker = Tracker(config.d_hidden, config.d_tracker, config.predicts_transitions) \
             if config.has_tracker else None
 
-    def forward(self, words: Tensor, lengths: Tensor, transitions: Tensor | None) -> Encoding:
+    def forward(self, words: Tensor, lengths: Tensor, transitions: Tensor | None,
+                uniforms: Tensor | None = None) -> Encoding:
         """Encode sentences sorted by length, longest first, so the rows started at a step are a prefix.
 
         words (W, 2D) the real words in row order, lengths (N,), transitions
         (T, N) gold and left-padded, or None to run on the tracker's own
         predictions (a sentence of n words then gets the last 2n - 1 steps, as
-        the gold left-padding would give it).
+        the gold left-padding would give it): the best legal action, or with
+        uniforms (N, T), one draw per row and own step, a sampled one (rl).
         """
         n, longest = lengths.shape[0], int(lengths[0])
         steps = 2 * longest - 1 if transitions is None else transitions.shape[0]
@@ -458,7 +494,12 @@ class Encoder(nn.Module):
                 state = self._track(stack, state, started, waiting)  # (A, Dt) each; (N, Dt) if every_row
             if self.config.predicts_transitions:
                 logits.append(self._predict(stack, state[0], started))  # (A, 2)
-            transition = _choose(logits[-1], n) if transitions is None else transitions[step]  # (N,)
+            if transitions is not None:
+                transition = transitions[step]  # (N,)
+            elif uniforms is not None:
+                transition = _sample(logits[-1], uniforms, first_step, step, n)  # (N,)
+            else:
+                transition = _choose(logits[-1], n)  # (N,)
             addresses = self._reduce(stack, transition, state)  # (N,) or None
             stack.apply(transition, addresses)
             taken.append(transition)
@@ -524,6 +565,14 @@ def _choose(logits: Tensor, n: int) -> Tensor:
     return F.pad(logits.argmax(1), (0, n - logits.shape[0]), value=PAD_TRANSITION)
 
 
+def _sample(logits: Tensor, uniforms: Tensor, first_step: Tensor, step: int, n: int) -> Tensor:
+    """Sampled legal action for the started rows, each with the draw of its own step -> (N,)."""
+    started = logits.shape[0]
+    own_step = step - first_step[:started]  # (A,)
+    draws = uniforms[:started].gather(1, own_step[:, None]).squeeze(1)  # (A,)
+    return F.pad(sample_actions(logits, draws), (0, n - started), value=PAD_TRANSITION)
+
+
 def _scatter_logits(logits: list[Tensor], steps: int, n: int) -> Tensor:
     """Per-step (A_t, 2) logits -> (N, T, 2), zeros where a row had not started."""
     flat = torch.cat(logits)  # (sum A_t, 2)
@@ -545,18 +594,48 @@ class SPINN(nn.Module):
         self.embedding = WordEmbedding(config, vectors)
         self.encoder = Encoder(config) if config.uses_trees else None
         self.classifier = Classifier(config)
+        self.baseline = _make_baseline(config)
 
-    def forward(self, batch: Batch, *, predict_transitions: bool = False) -> SPINNOutput:
-        """Logits for the batch; with predict_transitions the spinn variant ignores the gold transitions."""
+    def forward(self, batch: Batch, *, predict_transitions: bool = False,
+                uniforms: Tensor | None = None) -> SPINNOutput:
+        """Logits for the batch.
+
+        predict_transitions: spinn and rl ignore the gold transitions and take
+        their best legal action. An rl model in training mode samples its trees
+        instead, from `uniforms` (N, T) when given (tests), else fresh draws.
+        """
         if predict_transitions and not self.config.predicts_transitions:
-            raise SpinnError(f"variant {self.config.variant} cannot predict transitions; use 'spinn'")
-        encoding = self.encode(batch.tokens, batch.lengths, None if predict_transitions else batch.transitions)
+            raise SpinnError(f"variant {self.config.variant} cannot predict transitions; use 'spinn' or 'rl'")
+        sample = self.config.samples_transitions and self.training
+        if sample and uniforms is None:
+            uniforms = draw_uniforms(batch.tokens.shape[0], batch.transitions.shape[1], batch.tokens.device)
+        gold = None if predict_transitions or sample else batch.transitions
+        if gold is not None and self.config.uses_trees and not bool((gold != PAD_TRANSITION).any(1).all()):
+            raise SpinnError("some sentences have no tree (tokens-only data): only a model that builds its own "
+                             "trees can read them (rl, or spinn on predicted transitions)")
+        encoding = self.encode(batch.tokens, batch.lengths, gold, uniforms if sample else None)
         premise, hypothesis = encoding.vectors.split(batch.pairs)  # (B, D) each
         logits = self.classifier(premise, hypothesis)  # (B, n_classes)
-        return SPINNOutput(logits, premise, hypothesis, encoding.transition_logits, encoding.transitions)
+        baseline = self.baseline(self._pair_features(batch)) if sample else None  # (B,)
+        return SPINNOutput(logits, premise, hypothesis, encoding.transition_logits, encoding.transitions, baseline)
 
-    def encode(self, tokens: Tensor, lengths: Tensor, transitions: Tensor | None) -> Encoding:
-        """Sentence vectors of N sentences: tokens (N, L), lengths (N,), transitions (N, T) or None."""
+    def observe_rewards(self, rewards: Tensor) -> None:
+        """rl: let a moving-average baseline see this batch's rewards (after the loss used the old value)."""
+        if self.baseline is not None:
+            self.baseline.observe(rewards)
+
+    def _pair_features(self, batch: Batch) -> Tensor:
+        """[p; h; p * h] of mean frozen word vectors per sentence: what a value baseline may see -> (B, 3E)."""
+        real = torch.arange(batch.tokens.shape[1], device=batch.tokens.device) < batch.lengths[:, None]  # (N, L)
+        vectors = self.embedding.vectors(batch.tokens) * real[..., None]  # (N, L, E)
+        means = vectors.sum(1) / batch.lengths[:, None].to(vectors.dtype)  # (N, E)
+        premise, hypothesis = means.split(batch.pairs)  # (B, E) each
+        return torch.cat([premise, hypothesis, premise * hypothesis], 1)  # (B, 3E)
+
+    def encode(self, tokens: Tensor, lengths: Tensor, transitions: Tensor | None,
+               uniforms: Tensor | None = None) -> Encoding:
+        """Sentence vectors of N sentences: tokens (N, L), lengths (N,), transitions (N, T) or None,
+        uniforms (N, T) to sample the trees (rl) when transitions is None."""
         if self.encoder is None:
             return self._bag_of_words(tokens, lengths, transitions)
         order = torch.argsort(lengths, descending=True, stable=True)  # (N,)
@@ -564,7 +643,8 @@ class SPINN(nn.Module):
         real = torch.arange(tokens.shape[1], device=tokens.device) < lengths[:, None]  # (N, L)
         words = self.embedding(tokens[real]).to(self.state_dtype)  # (W, 2D)
         gold = None if transitions is None else transitions.index_select(0, order).t()  # (T, N)
-        encoding = self.encoder(words, lengths, gold)
+        draws = None if uniforms is None else uniforms.index_select(0, order)  # (N, T)
+        encoding = self.encoder(words, lengths, gold, draws)
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(order.shape[0], device=order.device)  # (N,)
         logits = encoding.transition_logits
@@ -596,16 +676,42 @@ class SPINN(nn.Module):
             self.encoder.tracker.cell = torch.compile(lstm, dynamic=True, **options)
 
 
+def _make_baseline(config: SPINNConfig) -> nn.Module | None:
+    if not config.samples_transitions:
+        return None
+    if config.baseline == "value":
+        return ValueBaseline(3 * config.d_embed, config.d_tracker)
+    return MovingAverageBaseline(config.baseline_decay, chance_reward(config.reward, config.n_classes))
+
+
 def spinn_loss(output: SPINNOutput, batch: Batch, config: SPINNConfig) -> Loss:
-    """Cross-entropy on labels, plus alpha x cross-entropy of the tracker's transitions (spinn)."""
+    """Cross-entropy on labels, plus alpha x cross-entropy of the tracker's transitions (spinn);
+    for a sampled rl batch, plus the REINFORCE surrogate, the entropy bonus and the value loss."""
     if batch.labels is None:
         raise SpinnError("the batch has no labels to compute a loss against")
     classification = F.cross_entropy(output.logits, batch.labels)
+    if output.baseline is not None:
+        return _rl_loss(output, batch, config, classification)
     if output.transition_logits is None:
         return Loss(classification, classification, None)
     transition = F.cross_entropy(output.transition_logits.reshape(-1, N_ACTIONS), batch.transitions.reshape(-1),
                                  ignore_index=PAD_TRANSITION)
     return Loss(classification + config.transition_loss_weight * transition, classification, transition)
+
+
+def _rl_loss(output: SPINNOutput, batch: Batch, config: SPINNConfig, classification: Tensor) -> Loss:
+    terms = reinforce(output.transition_logits, output.transitions, output.logits, batch.labels, output.baseline,
+                      config.reward, config.baseline == "value")
+    total = classification + config.policy_weight * terms.loss - config.entropy_weight * terms.entropy
+    if terms.value_loss is not None:
+        total = total + terms.value_loss
+    supervised = None
+    if config.transition_loss_weight > 0:
+        # The gold action at each step, on the sampled path's states (the paths part once a sample differs).
+        supervised = F.cross_entropy(output.transition_logits.reshape(-1, N_ACTIONS), batch.transitions.reshape(-1),
+                                     ignore_index=PAD_TRANSITION)
+        total = total + config.transition_loss_weight * supervised
+    return Loss(total, classification, supervised, terms)
 
 
 def transition_counts(output: SPINNOutput, batch: Batch) -> tuple[int, int]:

@@ -10,14 +10,14 @@ rerun, or an overlapping corpus, parse nothing twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from itertools import islice
 from pathlib import Path
 
 import pyarrow as pa
 
 from spinn.atomic import atomic_path
-from spinn.corpus import Reject
+from spinn.corpus import Reject, RejectReason
 from spinn.parse import (
     DEFAULT_SETTINGS,
     Parsed,
@@ -27,29 +27,60 @@ from spinn.parse import (
 )
 from spinn.prepare import PairWriter, PrepareSummary, infer_split
 from spinn.schema import pair_schema
-from spinn.sentence_pairs import Columns, InputPair, read_input_pairs
+from spinn.sentence_pairs import Columns, InputPair, read_input_pairs, simple_tokenize
 
+TREES_STANZA, TREES_NONE = "stanza", "none"
 CHUNK_PAIRS = 10_000
 """Pairs whose sentences are parsed together: large enough for good Stanza batches and deduplication."""
 SENTENCES = ("premise", "hypothesis")
 DEFAULT_COLUMNS = Columns()
 
 
+class TokenOnly:
+    """The no-parser stand-in for SentenceParser: tokens (spinn.sentence_pairs.simple_tokenize) and no tree.
+
+    For models that build their own trees (rl, or spinn on predicted
+    transitions): pairs are stored with empty transition lists.
+    """
+
+    model_id = TREES_NONE
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+
+    def parse(self, sentences: Iterable[str]) -> dict[str, Parsed | Unparsed]:
+        return {text: self._tokens(text) for text in sentences}
+
+    def _tokens(self, text: str) -> Parsed | Unparsed:
+        tokens = simple_tokenize(text)
+        if not tokens:
+            return Unparsed(RejectReason.EMPTY_SENTENCE, "no tokens")
+        if len(tokens) > self.max_tokens:
+            return Unparsed(RejectReason.TOO_LONG, f"{len(tokens)} tokens, more than the limit of {self.max_tokens}")
+        return Parsed(tokens, [], "")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
 def parse_pairs(input_path: Path, output_dir: Path, *, split: str | None = None, columns: Columns = DEFAULT_COLUMNS,
                 input_format: str | None = None, settings: ParserSettings = DEFAULT_SETTINGS,
-                parser: SentenceParser | None = None) -> PrepareSummary:
-    """Parse, binarize and write `<split>.parquet` and `<split>.rejects.jsonl` under output_dir."""
+                parser: SentenceParser | None = None, trees: str = TREES_STANZA) -> PrepareSummary:
+    """Parse, binarize and write `<split>.parquet` and `<split>.rejects.jsonl` under output_dir.
+
+    trees="none" stores tokens only (no Stanza): data for models that build their own trees."""
     input_path, output_dir = Path(input_path), Path(output_dir)
     split = split or infer_split(input_path.name)
     summary = PrepareSummary(str(input_path), split, output_dir / f"{split}.parquet",
                              output_dir / f"{split}.rejects.jsonl")
     own_parser = parser is None
-    parser = parser or SentenceParser(settings)
+    parser = parser or (TokenOnly(settings.max_tokens) if trees == TREES_NONE else SentenceParser(settings))
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         with atomic_path(summary.rejects) as rejects_tmp, atomic_path(summary.output) as parquet_tmp, \
                 rejects_tmp.open("w", encoding="utf-8") as rejects:
-            schema = pair_schema(source=str(input_path), trees=f"stanza:{parser.model_id}")
+            schema = pair_schema(source=str(input_path),
+                                 trees=TREES_NONE if trees == TREES_NONE else f"stanza:{parser.model_id}")
             writer = PairWriter(parquet_tmp, schema)
             for chunk in _chunks(read_input_pairs(input_path, columns, input_format)):
                 table = _parse_chunk(chunk, parser, str(input_path), summary, rejects)

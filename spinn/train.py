@@ -52,7 +52,7 @@ TRAIN_METRICS_NAME = "train.json"
 TRAIN_CURVE_NAME = "train_curve.csv"
 DEV_CURVE_NAME = "dev_curve.csv"
 TRAIN_CURVE_KEYS = ["train_loss", "train_accuracy"]
-DEV_CURVE_KEYS = ["dev_accuracy", "dev_transition_accuracy"]
+DEV_CURVE_KEYS = ["dev_accuracy", "dev_transition_accuracy", "dev_bracket_f1"]
 RESUMABLE_CHANGES = frozenset({"max_epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every",
                                "device", "threads"})
 """Settings a resumed run may change: how long it goes on and where it runs, not what it learns."""
@@ -211,7 +211,7 @@ def _loop(run: _Run, state: TrainState, tracking, progress: bool) -> None:
             order = bucket_batches(run.train, config.batch_size, shuffle=True, seed=config.seed + state.epoch)
             while state.batch_in_epoch < len(order):
                 batch = make_batch([run.train[i] for i in order[state.batch_in_epoch]]).to(run.device)
-                window.add(*_step(run, batch))
+                window.add(_step(run, batch))
                 state.step += 1
                 state.batch_in_epoch += 1
                 bar.update()
@@ -230,22 +230,37 @@ def _planned_steps(run: _Run) -> int:
     return min(planned, run.config.max_steps) if run.config.max_steps else planned
 
 
-def _step(run: _Run, batch: Batch) -> tuple[float, int, int, float]:
-    """One optimizer step -> (loss, correct, pairs, seconds)."""
+@dataclass
+class _StepResult:
+    loss: float
+    correct: int
+    pairs: int
+    seconds: float
+    policy: dict[str, float] = field(default_factory=dict)  # rl: reward, baseline, entropy, REDUCE share
+
+
+def _step(run: _Run, batch: Batch) -> _StepResult:
+    """One optimizer step."""
     start = time.perf_counter()
     run.model.train()
     run.optimizer.zero_grad(set_to_none=True)
     with _autocast(run):
         output = run.model(batch)
-        loss = spinn_loss(output, batch, run.model.config).total
-    loss.backward()
+        loss = spinn_loss(output, batch, run.model.config)
+    loss.total.backward()
     torch.nn.utils.clip_grad_norm_(run.model.parameters(), run.config.clip_norm)
     run.optimizer.step()
     run.scheduler.step()
+    policy = {}
+    if loss.policy is not None:
+        run.model.observe_rewards(loss.policy.rewards)
+        policy = {"rl_reward": float(loss.policy.rewards.mean()), "rl_baseline": float(loss.policy.baseline),
+                  "policy_entropy": float(loss.policy.entropy.detach()),
+                  "reduce_fraction": float(loss.policy.reduce_fraction)}
     correct = int((output.logits.argmax(1) == batch.labels).sum())
     if run.device.type == "cuda":
         torch.cuda.synchronize()
-    return float(loss.detach()), correct, batch.pairs, time.perf_counter() - start
+    return _StepResult(float(loss.total.detach()), correct, batch.pairs, time.perf_counter() - start, policy)
 
 
 def _autocast(run: _Run) -> contextlib.AbstractContextManager:
@@ -263,14 +278,18 @@ class _Window:
     pairs: int = 0
     seconds: float = 0.0
     steps: int = 0
+    policy: dict[str, float] = field(default_factory=dict)
 
-    def add(self, loss: float, correct: int, pairs: int, seconds: float) -> None:
-        self.loss, self.correct, self.pairs = self.loss + loss, self.correct + correct, self.pairs + pairs
-        self.seconds, self.steps = self.seconds + seconds, self.steps + 1
+    def add(self, step: _StepResult) -> None:
+        self.loss, self.correct, self.pairs = self.loss + step.loss, self.correct + step.correct, self.pairs + step.pairs
+        self.seconds, self.steps = self.seconds + step.seconds, self.steps + 1
+        for key, value in step.policy.items():
+            self.policy[key] = self.policy.get(key, 0.0) + value
 
     def metrics(self) -> dict[str, float]:
         return {"train_loss": self.loss / self.steps, "train_accuracy": self.correct / self.pairs,
-                "pairs_per_second": self.pairs / self.seconds}
+                "pairs_per_second": self.pairs / self.seconds,
+                **{key: total / self.steps for key, total in self.policy.items()}}
 
 
 def _after_step(run: _Run, state: TrainState, window: _Window, tracking, bar) -> bool:
@@ -295,11 +314,15 @@ def _after_step(run: _Run, state: TrainState, window: _Window, tracking, bar) ->
 
 def _evaluate_dev(run: _Run, state: TrainState, tracking) -> int:
     """Dev accuracy now; keeps best.pt; returns evaluations since the best one (for early stopping)."""
-    metrics = score_examples(run.model, run.dev, run.device)
+    # rl is scored on the trees it builds itself (greedy): that is how it will be used.
+    metrics = score_examples(run.model, run.dev, run.device,
+                             predict_transitions=run.model.config.samples_transitions)
     state.last_eval_step = state.step
     logged = {"dev_accuracy": metrics.accuracy}
     if metrics.transition_accuracy is not None:
         logged["dev_transition_accuracy"] = metrics.transition_accuracy
+    if metrics.bracket_f1 is not None:
+        logged["dev_bracket_f1"] = metrics.bracket_f1
     tracking.log_metrics(logged, state.step)
     if metrics.accuracy > state.best_dev_accuracy:
         state.best_dev_accuracy, state.best_step, state.evals_since_best = metrics.accuracy, state.step, 0

@@ -148,3 +148,42 @@ def check_transitions(transitions: Sequence[int], n_tokens: int) -> None:
 def transition_count(n_tokens: int) -> int:
     """A binary tree over n words takes n SHIFTs and n - 1 REDUCEs."""
     return 2 * n_tokens - 1
+
+
+def constituent_spans(transitions: Sequence[int]) -> set[tuple[int, int]]:
+    """Word spans [start, end) of the phrases a legal sequence builds, minus the trivial ones.
+
+    Single words and the whole sentence are in every tree, so bracket F1
+    leaves them out (as unsupervised-parsing work does); a sentence of fewer
+    than three words has no span to compare.
+    """
+    stack: list[tuple[int, int]] = []
+    spans: set[tuple[int, int]] = set()
+    position = 0
+    for transition in transitions:
+        if transition == Transition.SHIFT:
+            stack.append((position, position + 1))
+            position += 1
+        else:
+            right = stack.pop()
+            left = stack.pop()
+            stack.append((left[0], right[1]))
+            spans.add(stack[-1])
+    spans.discard((0, position))
+    return spans
+
+
+def left_branching(n_tokens: int) -> list[int]:
+    """((w1 w2) w3) ...: SHIFT SHIFT REDUCE, then SHIFT REDUCE per further word."""
+    return [Transition.SHIFT] + [Transition.SHIFT, Transition.REDUCE] * (n_tokens - 1)
+
+
+def right_branching(n_tokens: int) -> list[int]:
+    """w1 (w2 (w3 ...)): every SHIFT first, then every REDUCE."""
+    return [Transition.SHIFT] * n_tokens + [Transition.REDUCE] * (n_tokens - 1)
+
+
+def bracket_counts(predicted: Sequence[int], gold: Sequence[int]) -> tuple[int, int, int]:
+    """(matched, predicted, gold) non-trivial spans: sum over sentences, then F1 = 2m / (p + g)."""
+    ours, theirs = constituent_spans(predicted), constituent_spans(gold)
+    return len(ours & theirs), len(ours), len(theirs)

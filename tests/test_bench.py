@@ -99,7 +99,8 @@ def test_reads_a_prepared_parquet_split(corpus, tmp_path):
 @pytest.mark.parametrize("options, message", [
     ({"mode": "fit"}, "--mode"), ({"impl": "slow"}, "--impl"), ({"device": "tpu"}, "--device"),
     ({"steps": 0}, "--steps"), ({"pairs": 0}, "--pairs"), ({"threads": 0}, "--threads"),
-    ({"variant": "rl"}, "variant"), ({"compose": "some"}, "compose"),
+    ({"variant": "rnn"}, "variant"), ({"variant": "rl", "impl": "reference"}, "reference"),
+    ({"compose": "some"}, "compose"),
     ({"impl": "reference", "compose": "all"}, "--compose all applies to --impl fast"),
 ])
 def test_bad_options_are_user_errors(corpus, options, message):

@@ -87,7 +87,8 @@ def test_presets_hold_the_paper_settings():
     for name in ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d"):
         config = PRESETS[name]
         assert (config.d_hidden, config.d_embed, config.mlp_dim) == (300, 300, 1024)
-    assert [PRESETS[name].variant for name in ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d")] == list(TREE_VARIANTS)
+    paper = ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d", "rl-300d")
+    assert [PRESETS[name].variant for name in paper] == list(TREE_VARIANTS)
     assert 61 <= PRESETS["spinn-pi-300d"].d_tracker <= 79 and 61 <= PRESETS["spinn-300d"].d_tracker <= 79
     assert PRESETS["spinn-300d"].transition_loss_weight == 3.9
     assert PRESETS["tiny"].d_hidden < 10
@@ -98,7 +99,8 @@ def test_config_round_trip_and_validation():
     assert SPINNConfig.from_dict(config.to_dict()) == config
     with pytest.raises(SpinnError, match="unknown SPINN config fields"):
         SPINNConfig.from_dict({**config.to_dict(), "heads": 2})
-    for bad in ({"variant": "rl"}, {"compose": "some"}, {"d_hidden": 0}, {"variant": "pi", "d_tracker": 0},
+    for bad in ({"variant": "rnn"}, {"reward": "accuracy"}, {"baseline": "none"}, {"baseline_decay": 1.0},
+                {"compose": "some"}, {"d_hidden": 0}, {"variant": "pi", "d_tracker": 0},
                 {"embed_dropout": 1.0}, {"mlp_layers": -1}):
         with pytest.raises(SpinnError):
             SPINNConfig(**bad)
@@ -257,15 +259,22 @@ def test_every_trainable_parameter_gets_a_gradient(variant):
 @pytest.mark.parametrize("variant, compose", ALL_SETTINGS)
 def test_gradcheck_float64(variant, compose):
     examples, vocab_size = tiny_examples()
+    # rl: the REINFORCE surrogate holds the reward fixed (detached), so finite differences of it are not its
+    # gradient; its own test checks it (tests/test_policy.py). Here: the sampled trees' exact gradients.
     config = SPINNConfig(variant=variant, d_embed=3, d_hidden=2, d_tracker=2, mlp_dim=3, compose=compose,
-                         use_batch_norm=True)
+                         use_batch_norm=True, policy_weight=0.0)
     model = build(config, vocab_size, torch.float64).train()
     batch = make_batch(examples)
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     inputs = tuple(p.detach().clone().requires_grad_() for p in model.parameters() if p.requires_grad)
 
+    # rl samples its trees: fixed draws make the loss a deterministic function of the parameters.
+    draws = {"uniforms": torch.rand(batch.tokens.shape[0], batch.transitions.shape[1], dtype=torch.float64,
+                                    generator=torch.Generator().manual_seed(0))} if variant == "rl" else {}
+
     def loss(*parameters: torch.Tensor) -> torch.Tensor:
-        return spinn_loss(functional_call(model, dict(zip(names, parameters)), (batch,)), batch, config).total
+        output = functional_call(model, dict(zip(names, parameters)), (batch,), draws)
+        return spinn_loss(output, batch, config).total
 
     # Full Jacobians for the default strategy; a random projection (fast mode) for the other one.
     assert torch.autograd.gradcheck(loss, inputs, fast_mode=compose != "needed")
