@@ -27,7 +27,9 @@ def rl_model(seed: int, **settings) -> SPINN:
 
 def example(rng: np.random.Generator, premise: int, hypothesis: int) -> Example:
     """A pair of the given lengths; its transitions are a placeholder the sampling model never reads."""
-    words = lambda n: tuple(int(w) for w in rng.integers(2, VOCAB, n))  # noqa: E731
+    def words(n: int) -> tuple[int, ...]:
+        return tuple(int(w) for w in rng.integers(2, VOCAB, n))
+
     return Example(words(premise), tuple(right_branching(premise)), words(hypothesis),
                    tuple(right_branching(hypothesis)), int(rng.integers(0, 3)))
 
