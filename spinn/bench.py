@@ -111,7 +111,8 @@ def _run(corpus: Path, pairs: int | None, variant: str, mode: str, batch_size: i
         "timed_pairs": timed_pairs,
         "mean_transition_steps": sum(batch.transitions.shape[1] for batch in timed) / len(timed),
         "mean_padding_fraction": sum(padding_fraction(batch) for batch in timed) / len(timed),
-        "transitions": "predicted" if predict else "gold",
+        "transitions": "predicted" if predict else "sampled" if mode == "train" and config.samples_transitions
+        else "gold",
         "corpus": str(corpus), "pairs": len(examples), "variant": variant, "mode": mode,
         "batch_size": batch_size, "d_hidden": d_hidden, "d_tracker": d_tracker, "d_embed": d_embed,
         "mlp_layers": config.mlp_layers, "mlp_dim": config.mlp_dim, "steps": steps, "warmup": warmup,
