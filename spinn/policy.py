@@ -47,7 +47,7 @@ class PolicyTerms(NamedTuple):
     value_loss: Tensor | None  # MSE of the learned baseline
     rewards: Tensor  # (B,) detached
     baseline: Tensor  # mean baseline used
-    reduce_fraction: Tensor  # share of real steps that reduced
+    reduce_fraction: Tensor  # share of REDUCE among the steps where both actions were legal
 
 
 def sample_actions(logits: Tensor, uniforms: Tensor) -> Tensor:
@@ -82,6 +82,13 @@ def policy_entropy(transition_logits: Tensor, taken: Tensor) -> Tensor:
     return entropy[real].mean()
 
 
+def free_reduce_share(transition_logits: Tensor, taken: Tensor) -> Tensor:
+    """Share of REDUCE where the policy had a choice. Over all steps it is always (n-1)/(2n-1), since a
+    whole tree takes n SHIFTs and n-1 REDUCEs; over free steps, high means left-leaning trees."""
+    free = (taken != PAD_ACTION) & torch.isfinite(transition_logits).all(-1)  # (N, T)
+    return (taken[free] == REDUCE).float().mean() if free.any() else transition_logits.new_zeros(())
+
+
 def rewards_of(logits: Tensor, labels: Tensor, kind: str) -> Tensor:
     """(B,) detached reward per pair: log p(gold label), or 1 for a correct prediction and 0 otherwise."""
     if kind == "log_likelihood":
@@ -105,8 +112,7 @@ def reinforce(transition_logits: Tensor, taken: Tensor, logits: Tensor, labels: 
     advantage = rewards - baseline.detach()  # (B,)
     loss = -(advantage * per_pair).mean()
     value_loss = F.mse_loss(baseline, rewards) if learned_baseline else None
-    real = taken != PAD_ACTION
-    reduce_fraction = (taken[real] == REDUCE).float().mean()
+    reduce_fraction = free_reduce_share(transition_logits, taken)
     return PolicyTerms(loss, policy_entropy(transition_logits, taken), value_loss, rewards,
                        baseline.detach().mean(), reduce_fraction)
 

@@ -10,8 +10,20 @@ from hypothesis import strategies as st
 
 from spinn.batching import Example, make_batch
 from spinn.model import SPINN, SPINNConfig, random_vectors, spinn_loss
-from spinn.policy import PAD_ACTION, REDUCE, SHIFT, reinforce, sample_actions
-from spinn.transitions import check_transitions, right_branching, transition_count
+from spinn.policy import (
+    PAD_ACTION,
+    REDUCE,
+    SHIFT,
+    free_reduce_share,
+    reinforce,
+    sample_actions,
+)
+from spinn.transitions import (
+    check_transitions,
+    left_branching,
+    right_branching,
+    transition_count,
+)
 
 VOCAB = 30
 NO_NORM = {"use_batch_norm": False, "embed_dropout": 0.0, "mlp_dropout": 0.0}
@@ -134,3 +146,15 @@ def test_moving_average_starts_at_chance_and_follows_rewards():
     model.observe_rewards(torch.tensor([0.0, 0.0]))
     assert float(model.baseline.average) == pytest.approx(0.99 * np.log(1 / 3))
     assert "baseline.average" in model.state_dict()  # checkpointed, so a resumed run continues it
+
+
+@pytest.mark.parametrize(("shape", "share"), [(left_branching, 1.0), (right_branching, 0.0)])
+def test_reduce_share_counts_only_free_choices(shape, share):
+    """Left-branching trees reduce at every free step, right-branching ones never do."""
+    actions = shape(6)
+    logits, stack, buffer = [], 0, 6
+    for action in actions:
+        logits.append([0.0 if buffer else float("-inf"), 0.0 if stack >= 2 else float("-inf")])
+        stack, buffer = (stack + 1, buffer - 1) if action == SHIFT else (stack - 1, buffer)
+    share_seen = free_reduce_share(torch.tensor([logits]), torch.tensor([actions]))
+    assert float(share_seen) == share
