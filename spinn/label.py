@@ -106,20 +106,22 @@ class ShardPlan:
     rows: int
     fingerprint: dict
 
-    def path(self, kind: str, index: int, suffix: str) -> Path:
-        return Path(self.parts) / f"{kind}-{index:05d}{suffix}"
-
     def input_pairs(self, index: int) -> Path:
-        return self.path("input", index, ".parquet")
+        return shard_file(self.parts, "input", index, ".parquet")
 
     def input_rejects(self, index: int) -> Path:
-        return self.path("input", index, ".rejects.jsonl")
+        return shard_file(self.parts, "input", index, ".rejects.jsonl")
 
     def labels(self, index: int) -> Path:
-        return self.path("labels", index, ".parquet")
+        return shard_file(self.parts, "labels", index, ".parquet")
 
     def label_rejects(self, index: int) -> Path:
-        return self.path("labels", index, ".rejects.jsonl")
+        return shard_file(self.parts, "labels", index, ".rejects.jsonl")
+
+
+def shard_file(parts: str | Path, kind: str, index: int, suffix: str) -> Path:
+    """`input-00003.parquet`, `labels-00003.rejects.jsonl`, ... inside the parts folder."""
+    return Path(parts) / f"{kind}-{index:05d}{suffix}"
 
 
 @dataclass
@@ -285,12 +287,11 @@ def _write_input_shards(input_path: Path, parts: Path, settings: LabelSettings) 
 
 
 def _write_input_shard(parts: Path, index: int, pairs: list[InputPair], rejects: list[dict]) -> None:
-    plan = ShardPlan("", "", str(parts), 0, 0, {})
     table = pa.Table.from_pylist([{"row": p.row, "line": p.line, "pair_id": p.pair_id, "premise": p.premise,
                                    "hypothesis": p.hypothesis, "gold_label": p.label} for p in pairs],
                                  schema=INPUT_SCHEMA)
-    _write_jsonl(plan.input_rejects(index), rejects)
-    with atomic_path(plan.input_pairs(index)) as temporary:
+    _write_jsonl(shard_file(parts, "input", index, ".rejects.jsonl"), rejects)
+    with atomic_path(shard_file(parts, "input", index, ".parquet")) as temporary:
         pq.write_table(table, temporary)
 
 
