@@ -189,7 +189,7 @@ def test_model_id_is_stable_across_processes(parser: SentenceParser) -> None:
 def test_default_models_are_stanzas_resources_dir(parser: SentenceParser) -> None:
     from stanza.resources.common import DEFAULT_MODEL_DIR
 
-    if Path(DEFAULT_MODEL_DIR).resolve() != STANZA_DIR:
+    if Path(DEFAULT_MODEL_DIR).resolve() != STANZA_DIR.resolve():
         pytest.skip("STANZA_RESOURCES_DIR does not point at the offline models (tests/conftest.py sets it)")
     assert SentenceParser(ParserSettings(device="cpu", cache_path=None)).model_id == parser.model_id
 
