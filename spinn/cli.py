@@ -317,13 +317,16 @@ def label(input_path: Path, model_reference: str, output: Path, parser: str, bat
 @click.option("--input", "input_path", type=click.Path(path_type=Path), required=True,
               help="A .txt file with one sentence per line, or a sentence-pair file (CSV, TSV, JSONL, Parquet).")
 @click.option("--output", type=click.Path(path_type=Path), required=True, help="One bracketed tree per line.")
+@click.option("--html", type=click.Path(path_type=Path), help="Also draw the first trees as SVG in this HTML page.")
+@click.option("--html-trees", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-def trees(model_reference: str, input_path: Path, output: Path, device: str) -> None:
+def trees(model_reference: str, input_path: Path, output: Path, html: Path | None, html_trees: int,
+          device: str) -> None:
     """Write the binary trees a model builds by itself, in SNLI's bracket format."""
     from spinn.induce import induce_trees
 
-    count = induce_trees(model_reference, input_path, output, device=device)
-    click.echo(f"{count} trees written to {output}")
+    count = induce_trees(model_reference, input_path, output, device=device, html=html, html_trees=html_trees)
+    click.echo(f"{count} trees written to {output}" + (f"; drawings in {html}" if html else ""))
 
 
 @main.command()

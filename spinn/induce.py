@@ -16,18 +16,21 @@ from spinn.atomic import atomic_path
 from spinn.errors import SpinnError
 from spinn.evaluate import load_model, resolve_device
 from spinn.sentence_pairs import InputPair, read_input_pairs, simple_tokenize
-from spinn.transitions import transition_count, transitions_to_tree
+from spinn.transitions import parse_binary, transition_count, transitions_to_tree
 from spinn.trees import format_binary
+from spinn.treeview import render_trees
 from spinn.vocab import PAD_ID
 
 TEXT_SUFFIX = ".txt"
+HTML_TREES = 20
 BATCH_SENTENCES = 256
 
 
 def induce_trees(model_reference: str | Path, input_path: Path, output: Path, *, device: str = "auto",
-                 batch_size: int = BATCH_SENTENCES) -> int:
+                 batch_size: int = BATCH_SENTENCES, html: Path | None = None, html_trees: int = HTML_TREES) -> int:
     """Write one tree per sentence (a .txt input: one sentence per line; a pairs file: premise, then
-    hypothesis of each pair); returns how many trees were written."""
+    hypothesis of each pair), and optionally draw the first `html_trees` as an HTML page; returns how
+    many trees were written."""
     loaded = load_model(model_reference, resolve_device(device))
     if not loaded.model.config.predicts_transitions:
         raise SpinnError(f"a {loaded.model.config.variant} model does not build its own trees; use spinn or rl")
@@ -37,6 +40,9 @@ def induce_trees(model_reference: str | Path, input_path: Path, output: Path, *,
         trees += _trees(loaded, sentences[start:start + batch_size])
     with atomic_path(Path(output)) as temporary:
         temporary.write_text("".join(tree + "\n" for tree in trees), encoding="utf-8")
+    if html is not None:
+        render_trees([parse_binary(tree) for tree in trees[:html_trees]], html,
+                     title=f"Trees of {model_reference}")
     return len(trees)
 
 

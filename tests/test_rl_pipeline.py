@@ -44,7 +44,9 @@ def test_rl_trains_on_tokens_only_and_labels_with_its_own_trees(tokens_only):
 
     sentences = tokens_only / "sentences.txt"
     sentences.write_text("A man is playing a guitar .\nTwo dogs run .\n", encoding="utf-8")
-    run(["trees", "--model", "data/models/best.pt", "--input", str(sentences), "--output", "trees.txt"])
+    run(["trees", "--model", "data/models/best.pt", "--input", str(sentences), "--output", "trees.txt",
+         "--html", "trees.html"])
+    assert (tokens_only / "trees.html").read_text(encoding="utf-8").count("<svg") == 2
     trees = (tokens_only / "trees.txt").read_text().splitlines()
     assert [parse_binary(tree).leaves() for tree in trees] == [line.split() for line in
                                                                 sentences.read_text().splitlines()]
