@@ -129,6 +129,7 @@ def smoke_model(tmp_path_factory) -> SmokeModel:
                                  "experiment": "label-test", "registered_model": "label-test"})
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
+        patch.chdir(root)  # a new experiment's artifacts go to ./mlruns: keep them out of the checkout
         result = train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=root / "models",
                        embeddings_dir=root / "embeddings", progress=False)
     return SmokeModel(result.best_checkpoint, prepared, archive, tracking_uri, "models:/label-test@champion")

@@ -43,6 +43,7 @@ def project(tmp_path_factory, prefect_api) -> dict:
     archive = write_smoke_corpus(root / "source" / "snli_1.0.zip")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        patch.chdir(root)  # MLflow puts a new experiment's artifacts under ./mlruns: keep them out of the checkout
         yield {"root": root, "archive": archive,
                "corpus": CorpusSettings(file=archive, checksum=f"sha256:{file_digest(archive, 'sha256')}",
                                         data_dir=root / "data", workers=1),

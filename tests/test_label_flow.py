@@ -29,6 +29,7 @@ SHARD_SIZE = 20
 @pytest.fixture
 def request_for(smoke_model, tmp_path, monkeypatch, prefect_api):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", smoke_model.tracking_uri)
+    monkeypatch.chdir(tmp_path)  # the labelling experiment's artifacts go to ./mlruns, not into the checkout
     (tmp_path / "inbox").mkdir()
 
     def make(**overrides) -> LabelRequest:
