@@ -98,15 +98,13 @@ def _smoke_archive(data_dir: Path) -> tuple[Path, str]:
 
 
 def _parse_overrides(overrides: tuple[str, ...]) -> dict[str, object]:
-    import yaml
+    from spinn.config import parse_override
+    from spinn.errors import SpinnError
 
-    parsed = {}
-    for override in overrides:
-        key, separator, text = override.partition("=")
-        if not separator or not key.strip():
-            raise click.UsageError(f"--set {override!r}: expected KEY=VALUE, e.g. model.d_hidden=100")
-        parsed[key.strip()] = yaml.safe_load(text)
-    return parsed
+    try:
+        return dict(parse_override(override) for override in overrides)
+    except SpinnError as error:
+        raise click.UsageError(f"--set: {error}") from None
 
 
 def _first_error(error) -> str:

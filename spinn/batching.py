@@ -116,6 +116,11 @@ def make_batch(examples: Sequence[Example]) -> Batch:
     return Batch(torch.from_numpy(tokens), torch.from_numpy(lengths), torch.from_numpy(padded), label_tensor)
 
 
+def own_steps(transitions: Tensor, row: int, n_tokens: int) -> list[int]:
+    """Sentence `row`'s 2n - 1 transitions out of (N, T) left-padded ones (gold, predicted or sampled)."""
+    return transitions[row, transitions.shape[1] - transition_count(n_tokens):].tolist()
+
+
 def bucket_batches(examples: Sequence[Example], batch_size: int, *, shuffle: bool = True,
                    seed: int = 0) -> list[list[int]]:
     """Indices of examples grouped into batches of similar length.

@@ -152,15 +152,21 @@ def _read_params(path: Path) -> dict[str, Any]:
     return data
 
 
-def _apply_override(train: dict[str, Any], override: str) -> None:
-    """`model.d_hidden=100` sets train['model']['d_hidden'] = 100 (values parsed as YAML)."""
+def parse_override(override: str) -> tuple[str, Any]:
+    """`model.d_hidden=100` -> ("model.d_hidden", 100): the value read as YAML."""
     key, separator, text = override.partition("=")
     if not separator or not key.strip():
         raise SpinnError(f"override {override!r}: expected KEY=VALUE, e.g. model.d_hidden=100")
-    *parents, leaf = key.strip().split(".")
+    return key.strip(), yaml.safe_load(text)
+
+
+def _apply_override(train: dict[str, Any], override: str) -> None:
+    """`model.d_hidden=100` sets train['model']['d_hidden'] = 100."""
+    key, value = parse_override(override)
+    *parents, leaf = key.split(".")
     target = train
     for parent in parents:
         target = target.setdefault(parent, {})
         if not isinstance(target, dict):
             raise SpinnError(f"override {override!r}: {parent} is not a section")
-    target[leaf] = yaml.safe_load(text)
+    target[leaf] = value

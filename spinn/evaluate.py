@@ -26,6 +26,7 @@ from spinn.batching import (
     bucket_batches,
     encode_pairs,
     make_batch,
+    own_steps,
     read_raw_pairs,
 )
 from spinn.checkpoint import check_vocabulary, load_checkpoint
@@ -33,7 +34,7 @@ from spinn.errors import SpinnError
 from spinn.metrics import Metrics, plot_confusion, score
 from spinn.model import SPINN, SPINNConfig, transition_counts
 from spinn.schema import LABELS
-from spinn.transitions import bracket_counts, transition_count
+from spinn.transitions import bracket_counts
 from spinn.vocab import Vocabulary
 
 EVAL_BATCH_SIZE = 256
@@ -119,9 +120,8 @@ def _bracket_counts(ran: torch.Tensor, batch) -> numpy.ndarray:
     counts = numpy.zeros(3, dtype=numpy.int64)
     gold = batch.transitions.cpu()
     for row, length in enumerate(batch.lengths.tolist()):
-        steps = transition_count(length)
         if gold[row, -1] != PAD_TRANSITION:  # tokens-only rows have no tree to compare with
-            counts += bracket_counts(ran[row, -steps:].tolist(), gold[row, -steps:].tolist())
+            counts += bracket_counts(own_steps(ran, row, length), own_steps(gold, row, length))
     return counts
 
 

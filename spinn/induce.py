@@ -13,10 +13,11 @@ from pathlib import Path
 import torch
 
 from spinn.atomic import atomic_path
+from spinn.batching import own_steps
 from spinn.errors import SpinnError
 from spinn.evaluate import load_model, resolve_device
 from spinn.sentence_pairs import InputPair, read_input_pairs, simple_tokenize
-from spinn.transitions import parse_binary, transition_count, transitions_to_tree
+from spinn.transitions import parse_binary, transitions_to_tree
 from spinn.trees import format_binary
 from spinn.treeview import render_trees
 from spinn.vocab import PAD_ID
@@ -67,5 +68,5 @@ def _trees(loaded, sentences: list[list[str]]) -> list[str]:
         ids[row, : len(tokens)] = torch.tensor(vocabulary.encode(tokens))
     with torch.no_grad():
         taken = model.eval().encode(ids.to(device), lengths.to(device), None).transitions.cpu()  # (N, T)
-    return [format_binary(transitions_to_tree(tokens, taken[row, -transition_count(len(tokens)):].tolist()))
+    return [format_binary(transitions_to_tree(tokens, own_steps(taken, row, len(tokens))))
             for row, tokens in enumerate(sentences)]

@@ -30,15 +30,15 @@ import pyarrow.parquet as pq
 import torch
 
 from spinn.atomic import atomic_path
-from spinn.batching import Example, bucket_batches, make_batch
+from spinn.batching import Example, bucket_batches, make_batch, own_steps
 from spinn.download import file_digest
 from spinn.errors import SpinnError
 from spinn.evaluate import LoadedModel, load_model, resolve_device
 from spinn.parse import Parsed, ParserSettings, SentenceParser, Unparsed
-from spinn.parse_stage import TokenOnly
+from spinn.parse_stage import SENTENCES, TokenOnly
 from spinn.schema import LABELS
 from spinn.sentence_pairs import Columns, InputPair, read_input_pairs
-from spinn.transitions import Transition, transition_count, transitions_to_tree
+from spinn.transitions import Transition, transitions_to_tree
 from spinn.trees import format_binary
 
 DEFAULT_SHARD_SIZE = 10_000
@@ -50,7 +50,6 @@ PARSER_STANZA = "stanza"
 PARSER_MODEL = "model"
 PARSER_AUTO = "auto"
 PARSERS = (PARSER_AUTO, PARSER_STANZA, PARSER_MODEL)
-SENTENCES = ("premise", "hypothesis")
 PROBABILITY_COLUMNS = tuple(f"p_{label}" for label in LABELS)
 
 INPUT_SCHEMA = pa.schema([
@@ -405,9 +404,8 @@ def _keep_transitions(transitions: torch.Tensor, indices: list[int], pairs: int,
     b = len(indices)
     for position, index in enumerate(indices):
         for offset, sentence in ((0, examples[index].premise), (pairs, examples[index].hypothesis)):
-            steps = transition_count(len(sentence))
             row = position if offset == 0 else b + position
-            ran[offset + index] = tuple(int(t) for t in transitions[row, -steps:])
+            ran[offset + index] = tuple(own_steps(transitions, row, len(sentence)))
 
 
 def _output_row(pair: dict, sentences: tuple, probabilities: torch.Tensor, premise_ran, hypothesis_ran,
