@@ -1,8 +1,10 @@
-"""Markdown tables for the Prefect run's artifacts, so the Prefect and MLflow UIs point at each other.
+"""What the Prefect runs show: tables of counts and facts, and one Markdown note that links the MLflow run.
 
-The train-spinn artifact names the MLflow run, experiment, store and model
-version next to the metrics; the MLflow run carries the Prefect flow run id
-as a tag. Either UI leads to the other.
+Tabular summaries are Prefect table artifacts, rows as dicts: the UI renders
+a real table and the API hands the rows back as JSON. Markdown stays only
+where a link has to be clickable: the train-spinn note links its MLflow run,
+and the MLflow run carries the Prefect flow run id as a tag, so either UI
+leads to the other.
 """
 
 from __future__ import annotations
@@ -11,37 +13,56 @@ from typing import Any
 
 MLFLOW_UI = "http://127.0.0.1:5000"
 """Where README's `mlflow ui` command serves the store."""
+DISPLAY_DIGITS = 4
+"""Decimals of scores and rates in a table; MLflow and the metrics files keep the full values."""
+PREPARED_CORPUS_KEY = "spinn-prepared-corpus"
+PREPARED_VOCABULARY_KEY = "spinn-prepared-vocabulary"
+TRAINING_RUN_KEY = "spinn-training-run"
+TRAINING_RUN_LINK_KEY = "spinn-training-run-link"
+EVALUATION_KEY = "spinn-evaluation"
+
+Row = dict[str, Any]
 
 
-def table(rows: list[tuple[str, Any]], header: tuple[str, str] = ("", "")) -> str:
-    lines = [f"| {header[0]} | {header[1]} |", "|---|---|"]
-    lines += [f"| {name} | {_cell(value)} |" for name, value in rows]
-    return "\n".join(lines)
+def facts(rows: list[tuple[str, Any]]) -> list[Row]:
+    """A two-column table, one (fact, value) row per pair."""
+    return [{"fact": name, "value": _shown(value)} for name, value in rows]
 
 
-def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.4f}"
-    return str(value).replace("|", "\\|")
+def _shown(value: Any) -> Any:
+    return round(value, DISPLAY_DIGITS) if isinstance(value, float) else value
 
 
-def corpus_markdown(corpus: str, splits: dict[str, dict[str, Any]], vocab: dict[str, Any],
-                    embeddings: dict[str, Any]) -> str:
-    lines = [f"# Prepared corpus: {corpus}", "", "| split | read | written | skipped (no consensus) | rejected |",
-             "|---|---|---|---|---|"]
-    lines += [f"| {split} | {counts['read']} | {counts['written']} | {counts['skipped']} | {counts['rejected']} |"
-              for split, counts in splits.items()]
-    lines += ["", table([("vocabulary entries", vocab["entries"]), ("vectors", embeddings["source"]),
-                         ("coverage", embeddings["coverage"])], ("", ""))]
-    return "\n".join(lines)
+def split_counts(splits: dict[str, dict[str, Any]]) -> list[Row]:
+    """One row per split: pairs read, written, skipped for want of a gold label, rejected."""
+    return [
+        {
+            "split": split,
+            "read": counts["read"],
+            "written": counts["written"],
+            "skipped (no consensus)": counts["skipped"],
+            "rejected": counts["rejected"],
+        }
+        for split, counts in splits.items()
+    ]
 
 
-def run_markdown(run: dict[str, Any], trained: dict[str, Any], evaluated: dict[str, Any] | None,
-                 registration: dict[str, Any] | None) -> str:
+def vocabulary_facts(vocab: dict[str, Any], embeddings: dict[str, Any]) -> list[Row]:
+    return facts(
+        [
+            ("vocabulary entries", vocab["entries"]),
+            ("vectors", embeddings["source"]),
+            ("coverage", embeddings["coverage"]),
+        ]
+    )
+
+
+def run_facts(
+    run: dict[str, Any], trained: dict[str, Any], evaluated: dict[str, Any] | None, registration: dict[str, Any] | None
+) -> list[Row]:
     """The training run at a glance: where it is in MLflow, what it scored, what it was registered as."""
-    link = f"{MLFLOW_UI}/#/experiments/{run['experiment_id']}/runs/{run['run_id']}"
     rows: list[tuple[str, Any]] = [
-        ("MLflow run", f"[{run['run_id']}]({link})"),
+        ("MLflow run", run["run_id"]),
         ("MLflow run name", run["run_name"]),
         ("MLflow store", run["tracking_uri"]),
         ("artifacts", run["artifact_uri"]),
@@ -52,25 +73,40 @@ def run_markdown(run: dict[str, Any], trained: dict[str, Any], evaluated: dict[s
         ("checkpoint", trained["checkpoint"]),
     ]
     if evaluated is not None:
-        rows += [("test accuracy", evaluated["accuracy"]), ("test macro F1", evaluated["macro_f1"])]
-        if "transition_accuracy" in evaluated:
-            rows.append(("test transition accuracy", evaluated["transition_accuracy"]))
+        rows += _scores("test ", evaluated)
     if registration is not None:
         rows.append(("registered model", describe_registration(registration)))
-    return "# SPINN training run\n\n" + table(rows, ("", "value"))
+    return facts(rows)
+
+
+def _scores(prefix: str, evaluated: dict[str, Any]) -> list[tuple[str, Any]]:
+    rows = [(f"{prefix}accuracy", evaluated["accuracy"]), (f"{prefix}macro F1", evaluated["macro_f1"])]
+    if "transition_accuracy" in evaluated:
+        rows.append((f"{prefix}transition accuracy", evaluated["transition_accuracy"]))
+    return rows
+
+
+def run_link_markdown(run: dict[str, Any]) -> str:
+    """The clickable way from the Prefect run to its MLflow run (a table cell shows no link)."""
+    link = f"{MLFLOW_UI}/#/experiments/{run['experiment_id']}/runs/{run['run_id']}"
+    return (
+        f"# SPINN training run\n\nMLflow run [{run['run_name']}]({link}) in `{run['tracking_uri']}`; "
+        f"its facts and scores are in the `{TRAINING_RUN_KEY}` table."
+    )
 
 
 def describe_registration(registration: dict[str, Any]) -> str:
     """`models:/spinn/3 (now @champion)`, `(... @champion)` when it already was, or why the alias stayed."""
     alias = registration["alias"]
-    state = (f"now @{alias}" if registration["promoted"] else f"@{alias}" if registration["champion"]
-             else f"@{alias} stays on a better version")
+    state = (
+        f"now @{alias}"
+        if registration["promoted"]
+        else f"@{alias}"
+        if registration["champion"]
+        else f"@{alias} stays on a better version"
+    )
     return f"{registration['uri']} ({state})"
 
 
-def evaluation_markdown(model: str, data: str, evaluated: dict[str, Any]) -> str:
-    rows = [("model", model), ("data", data), ("pairs", evaluated["examples"]), ("accuracy", evaluated["accuracy"]),
-            ("macro F1", evaluated["macro_f1"])]
-    if "transition_accuracy" in evaluated:
-        rows.append(("transition accuracy", evaluated["transition_accuracy"]))
-    return "# SPINN evaluation\n\n" + table(rows, ("", "value"))
+def evaluation_facts(model: str, data: str, evaluated: dict[str, Any]) -> list[Row]:
+    return facts([("model", model), ("data", data), ("pairs", evaluated["examples"]), *_scores("", evaluated)])

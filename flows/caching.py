@@ -22,7 +22,7 @@ from prefect.context import TaskRunContext
 from pydantic import BaseModel
 
 import spinn
-from spinn.download import file_digest
+from spinn.io import file_digest
 
 CACHED_STATE = "Cached"
 
@@ -40,8 +40,9 @@ class StageOutput(BaseModel):
 
     def intact(self) -> bool:
         """Every output file still exists with the digest it had when the stage wrote it."""
-        return all(Path(path).is_file() and file_digest(Path(path), "sha256") == digest
-                   for path, digest in self.files.items())
+        return all(
+            Path(path).is_file() and file_digest(Path(path), "sha256") == digest for path, digest in self.files.items()
+        )
 
 
 @cache
@@ -56,25 +57,35 @@ def code_digest() -> str:
 
 
 def cache_on(*input_files: str) -> Callable[[TaskRunContext, dict[str, Any]], str | None]:
-    """A cache_key_fn hashing the named parameters' file contents and every other parameter's value.
+    """A cache_key_fn hashing the named input files' contents and every parameter's value.
 
-    A named parameter that is given but is not a local file (an MLflow model
-    URI, whose target can move) makes the key None: Prefect does not cache
-    that call.
+    An input is a parameter's name, or a dotted path into a settings parameter
+    (`settings.file`). A named input that is given but is not a local file (an
+    MLflow model URI, whose target can move) makes the key None: Prefect does
+    not cache that call.
     """
 
     def key(context: TaskRunContext, parameters: dict[str, Any]) -> str | None:
         described: dict[str, Any] = {"task": context.task.name, "code": code_digest()}
-        for name, value in sorted(parameters.items()):
-            if name in input_files and value is not None:
-                if not Path(str(value)).is_file():
-                    return None
-                described[name] = {"path": str(Path(value).resolve()), "sha256": file_digest(Path(value), "sha256")}
-            else:
-                described[name] = _plain(value)
+        described.update({name: _plain(value) for name, value in sorted(parameters.items())})
+        for name in input_files:
+            value = _lookup(parameters, name)
+            if value is None:
+                continue
+            if not Path(str(value)).is_file():
+                return None
+            described[f"{name}:contents"] = {"path": str(Path(value).resolve()), "sha256": file_digest(Path(value))}
         return hashlib.sha256(json.dumps(described, sort_keys=True, default=str).encode()).hexdigest()
 
     return key
+
+
+def _lookup(parameters: dict[str, Any], dotted: str) -> Any:
+    head, *rest = dotted.split(".")
+    value = parameters.get(head)
+    for name in rest:
+        value = getattr(value, name, None)
+    return value
 
 
 def _plain(value: Any) -> Any:

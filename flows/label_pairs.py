@@ -2,7 +2,7 @@
 
 Each run lists the inbox, skips files the index says are done (same name and
 same content digest), and labels the rest one file at a time. A file is cut
-into shards (spinn.label), the shards run as Prefect tasks on a Dask cluster
+into shards (spinn.labeling.label), the shards run as Prefect tasks on a Dask cluster
 (a local one by default, or an existing cluster by address) and are merged.
 A file that fails is recorded as failed, reported, and tried again on the next
 run; finished shards of a killed run are reused. Counts go to the Prefect
@@ -17,55 +17,54 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from prefect import flow, task
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_table_artifact
 from prefect_dask import DaskTaskRunner
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from spinn.atomic import atomic_path
-from spinn.download import file_digest
+from spinn.data.sentence_pairs import readable_suffixes
+from spinn.errors import SpinnError, one_line
+from spinn.io import atomic_path, file_digest
+from spinn.labeling.label import LabelSettings, hold_output
 
 INDEX_NAME = "index.json"
-INPUT_SUFFIXES = (".csv", ".tsv", ".jsonl", ".parquet", ".csv.gz", ".tsv.gz", ".jsonl.gz")
+INPUT_SUFFIXES = readable_suffixes()
+"""The inbox takes every file the sentence-pair readers can read (matched case-blind, as they do)."""
 DONE, FAILED = "done", "failed"
 LABELING_EXPERIMENT = "spinn-labeling"
 LOOPBACK = "127.0.0.1"
+LABELLING_RUN_KEY = "spinn-labeling-run"
+FILE_COLUMNS = ("status", "rows", "labelled", "rejected", "oov_share", "parser", "output", "error")
+"""The labelling run's table: a labelled file fills the counts, a failed one the error."""
+
+
+LabelOverrides = LabelSettings.overrides()
 
 
 class LabelRequest(BaseModel):
-    """What to label, with what, and where the work runs."""
+    """What to label, with what, and where the work runs; `settings` are `spinn label`'s own options."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
     inbox: Path = Field(Path("data/inbox"), description="New sentence-pair files land here.")
     outbox: Path = Field(Path("data/labelled"), description="Predictions, rejects and index.json go here.")
     model: str = Field("models:/spinn@champion", description="Checkpoint path or MLflow model URI.")
-    parser: str = Field("auto", pattern="^(auto|stanza|model)$")
-    stanza_dir: Path | None = Field(None, description="A local stanza_resources folder (offline).")
-    premise_column: str | None = None
-    hypothesis_column: str | None = None
-    id_column: str | None = None
-    label_column: str | None = None
-    batch_size: int = Field(256, ge=1)
-    shard_size: int = Field(10_000, ge=1)
-    max_tokens: int = Field(100, ge=1)
-    device: str = Field("auto", pattern="^(auto|cpu|cuda)$")
+    settings: LabelOverrides = Field(default_factory=LabelOverrides)  # type: ignore[valid-type]
     dask_address: str | None = Field(None, description="An existing Dask scheduler, e.g. tcp://10.0.0.5:8786.")
     dask_workers: int = Field(2, ge=1, description="Workers of the local cluster when no address is given.")
 
-    def settings(self):
-        from spinn.label import LabelSettings
-        from spinn.parse import ParserSettings
-        from spinn.sentence_pairs import Columns
+    @model_validator(mode="after")
+    def _settings_resolve(self) -> LabelRequest:
+        self.label_settings()
+        return self
 
-        columns = Columns(premise=self.premise_column, hypothesis=self.hypothesis_column, id=self.id_column,
-                          label=self.label_column)
-        parsing = ParserSettings(stanza_dir=self.stanza_dir, device=self.device, max_tokens=self.max_tokens,
-                                 cache_path=self.outbox / "parse_cache.sqlite")
-        return LabelSettings(parser=self.parser, batch_size=self.batch_size, shard_size=self.shard_size,
-                             device=self.device, columns=columns, parsing=parsing)
+    def label_settings(self) -> LabelSettings:
+        try:
+            return LabelSettings.build(self.settings.model_dump(exclude_none=True))
+        except SpinnError as error:
+            raise ValueError(str(error)) from None
 
 
 @contextmanager
@@ -80,8 +79,9 @@ def dask_cluster(request: LabelRequest) -> Iterator[str]:
         return
     from distributed import LocalCluster
 
-    with LocalCluster(n_workers=request.dask_workers, threads_per_worker=1, processes=True,
-                      host=LOOPBACK, dashboard_address=None) as cluster:
+    with LocalCluster(
+        n_workers=request.dask_workers, threads_per_worker=1, processes=True, host=LOOPBACK, dashboard_address=None
+    ) as cluster:
         yield cluster.scheduler_address
 
 
@@ -92,7 +92,7 @@ _LABELLERS: dict[tuple, Any] = {}
 
 
 def _labeller(model: str, settings) -> Any:
-    from spinn.label import Labeller
+    from spinn.labeling.label import Labeller
 
     key = (model, repr(settings))
     if key not in _LABELLERS:
@@ -100,20 +100,29 @@ def _labeller(model: str, settings) -> Any:
     return _LABELLERS[key]
 
 
+class PlannedFile(NamedTuple):
+    """A file's shard plan and what the labeller resolved: the model (an alias resolved once) and the parser."""
+
+    plan: Any
+    model: str
+    model_name: str
+    parser: str
+
+
 @task(name="plan-shards", task_run_name="plan-{input_path.name}")
-def plan_task(input_path: Path, output: Path, model: str, settings) -> tuple[Any, str, str]:
-    """Cut the file into shards; returns the plan and the resolved model (an alias resolved once, here)."""
-    from spinn.label import plan_shards
+def plan_task(input_path: Path, output: Path, model: str, settings) -> PlannedFile:
+    """Cut the file into shards; the parser is the labeller's (`auto` becomes `model` or `stanza` there)."""
+    from spinn.labeling.label import plan_shards
 
     labeller = _labeller(model, settings)
-    return plan_shards(input_path, output, settings, labeller.fingerprint()), labeller.reference, \
-        labeller.model_name
+    plan = plan_shards(input_path, output, settings, labeller.fingerprint())
+    return PlannedFile(plan, labeller.reference, labeller.model_name, labeller.parser_name)
 
 
 @task(name="label-shard", task_run_name="label-shard-{index}")
 def shard_task(plan, index: int, model: str, settings):
     from spinn.errors import SpinnError
-    from spinn.label import label_shard
+    from spinn.labeling.label import label_shard
 
     labeller = _labeller(model, settings)
     if labeller.checkpoint_sha256 != plan.fingerprint["checkpoint_sha256"]:
@@ -123,7 +132,7 @@ def shard_task(plan, index: int, model: str, settings):
 
 @task(name="merge-shards", task_run_name="merge-{plan.shards}-shards")
 def merge_task(plan, results: list, model_name: str, parser: str):
-    from spinn.label import merge_shards
+    from spinn.labeling.label import merge_shards
 
     return merge_shards(plan, results, model_name, parser)
 
@@ -133,19 +142,31 @@ def merge_task(plan, results: list, model_name: str, parser: str):
 
 @flow(name="label-file")
 def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
-    """One file: plan, then every shard as a task on the Dask cluster, then merge."""
-    settings = request.settings()
+    """One file: plan, then every shard as a task on the Dask cluster, then merge; the output is this
+    run's alone meanwhile (`hold_output`: a `spinn label` on it is refused, and this run is if one holds it)."""
+    settings = request.label_settings()
     output = request.outbox / f"{_stem(input_path)}.labels.parquet"
-    plan, model, model_name = plan_task(input_path, output, request.model, settings)
-    futures = [shard_task.submit(plan, index, model, settings) for index in range(plan.shards)]
-    results = [future.result() for future in futures]
-    parser = "model" if settings.parser == "model" else "stanza"
-    summary = merge_task(plan, results, model_name, parser)
-    return {"output": str(summary.output), "rejects": str(summary.rejects), "rows": summary.rows,
-            "labelled": summary.labelled, "rejected": summary.rejected, "reasons": summary.reasons,
-            "shards": summary.shards, "shards_reused": summary.shards_reused, "model": summary.model,
-            "parser": summary.parser, "parse_pairs_per_second": summary.parse_pairs_per_second,
-            "model_pairs_per_second": summary.model_pairs_per_second}
+    with hold_output(output):
+        planned = plan_task(input_path, output, request.model, settings)
+        plan = planned.plan
+        futures = [shard_task.submit(plan, index, planned.model, settings) for index in range(plan.shards)]
+        results = [future.result() for future in futures]
+        summary = merge_task(plan, results, planned.model_name, planned.parser)
+    return {
+        "output": str(summary.output),
+        "rejects": str(summary.rejects),
+        "rows": summary.rows,
+        "labelled": summary.labelled,
+        "rejected": summary.rejected,
+        "reasons": summary.reasons,
+        "shards": summary.shards,
+        "shards_reused": summary.shards_reused,
+        "model": summary.model,
+        "parser": summary.parser,
+        "parse_pairs_per_second": summary.parse_pairs_per_second,
+        "model_pairs_per_second": summary.model_pairs_per_second,
+        "oov_share": summary.oov_share,
+    }
 
 
 @flow(name="label-pairs", log_prints=True)
@@ -162,8 +183,9 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
                 entries[path.name] = _label_one(path, request, address)
                 index[path.name] = entries[path.name]
                 write_index(request.outbox, index)
-    create_markdown_artifact(_markdown(entries), key="spinn-labeling-run",
-                             description=f"{len(entries)} inbox files labelled or retried")
+    create_table_artifact(
+        file_rows(entries), key=LABELLING_RUN_KEY, description=f"{len(entries)} inbox files labelled or retried"
+    )
     failed = [name for name, entry in entries.items() if entry["status"] == FAILED]
     if failed:
         print(f"failed (retried on the next run): {', '.join(failed)}")
@@ -176,14 +198,15 @@ def _label_one(path: Path, request: LabelRequest, address: str) -> dict[str, Any
     start = time.perf_counter()
     runner = DaskTaskRunner(address=address)
     state = label_file.with_options(task_runner=runner, flow_run_name=f"label-{path.name}")(
-        path, request, return_state=True)
+        path, request, return_state=True
+    )
     entry["seconds"] = round(time.perf_counter() - start, 3)
     if state.is_completed():
         entry.update(status=DONE, **state.result())
         _log_to_mlflow(path, entry)
     else:
         error = state.result(raise_on_failure=False)
-        entry.update(status=FAILED, error=f"{type(error).__name__}: {error}")
+        entry.update(status=FAILED, error=f"{type(error).__name__}: {one_line(error)}")
     return entry
 
 
@@ -191,7 +214,7 @@ def pending_files(inbox: Path, index: dict[str, dict]) -> list[Path]:
     """Input files not yet done with this content (new, changed, or failed last time), by name."""
     if not inbox.is_dir():
         return []
-    files = sorted(path for path in inbox.iterdir() if path.is_file() and path.name.endswith(INPUT_SUFFIXES))
+    files = sorted(path for path in inbox.iterdir() if path.is_file() and _input_suffix(path) is not None)
     return [path for path in files if not _done(index.get(path.name), path)]
 
 
@@ -209,12 +232,16 @@ def write_index(outbox: Path, index: dict[str, dict]) -> None:
         temporary.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
+def _input_suffix(path: Path) -> str | None:
+    """The longest of INPUT_SUFFIXES that ends the name, whatever its case; None when none does."""
+    name = path.name.lower()
+    return next((suffix for suffix in sorted(INPUT_SUFFIXES, key=len, reverse=True) if name.endswith(suffix)), None)
+
+
 def _stem(path: Path) -> str:
-    name = path.name
-    for suffix in sorted(INPUT_SUFFIXES, key=len, reverse=True):
-        if name.endswith(suffix):
-            return name[: -len(suffix)]
-    return path.stem
+    """`pairs.jsonl.gz` -> `pairs`: the name of the file's outputs."""
+    suffix = _input_suffix(path)
+    return path.name[: -len(suffix)] if suffix else path.stem
 
 
 def _now() -> str:
@@ -223,26 +250,28 @@ def _now() -> str:
 
 def _log_to_mlflow(path: Path, entry: dict[str, Any]) -> None:
     """One MLflow run per labelled file: what was labelled with which model, and the counts."""
-    from spinn import tracking
+    from spinn.tracking import store as tracking
 
     with tracking.run(LABELING_EXPERIMENT, run_name=f"label {path.name}"):
-        tracking.log_params({"input": str(path), "input_sha256": entry["sha256"], "model": entry["model"],
-                             "parser": entry["parser"], "output": entry["output"]})
-        metrics = {"rows": entry["rows"], "labelled": entry["labelled"], "rejected": entry["rejected"],
-                   "seconds": entry["seconds"]}
+        tracking.log_params(
+            {
+                "input": str(path),
+                "input_sha256": entry["sha256"],
+                "model": entry["model"],
+                "parser": entry["parser"],
+                "output": entry["output"],
+            }
+        )
+        metrics = {
+            "rows": entry["rows"],
+            "labelled": entry["labelled"],
+            "rejected": entry["rejected"],
+            "seconds": entry["seconds"],
+        }
         metrics.update({f"rejected_{reason}": count for reason, count in entry["reasons"].items()})
         tracking.log_metrics(metrics, step=0)
 
 
-def _markdown(entries: dict[str, dict[str, Any]]) -> str:
-    lines = ["# Labelling run", "", "| file | status | rows | labelled | rejected | output |",
-             "|---|---|---|---|---|---|"]
-    for name, entry in entries.items():
-        if entry["status"] == DONE:
-            lines.append(f"| {name} | done | {entry['rows']} | {entry['labelled']} | {entry['rejected']} "
-                         f"| {entry['output']} |")
-        else:
-            lines.append(f"| {name} | **failed**: {entry['error'].replace('|', '/')} | | | | |")
-    if not entries:
-        lines.append("| (no new files) | | | | | |")
-    return "\n".join(lines)
+def file_rows(entries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per file of this run, every row with every column (empty where it does not apply)."""
+    return [{"file": name, **{column: entry.get(column) for column in FILE_COLUMNS}} for name, entry in entries.items()]

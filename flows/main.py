@@ -4,7 +4,7 @@ With no Prefect server configured (no PREFECT_API_URL), running the flow
 starts Prefect's temporary local server for the duration of the run; MLflow
 writes to `sqlite:///mlflow.db` in the working directory; data goes under
 `data/`. `--smoke` runs the same flow on a small synthetic corpus generated
-here (spinn.smoke), with a small model, in its own folder, experiment and
+here (spinn.data.smoke), with a small model, in its own folder, experiment and
 registered model, so a demo never touches the real champion.
 """
 
@@ -16,57 +16,86 @@ from pathlib import Path
 
 import click
 
+from spinn.data.download import DownloadSettings
+from spinn.options import field_options, given
+from spinn.settings import DEFAULT_PARAMS, deep_merge, nest, overrides_from
+
 EPHEMERAL_STARTUP_TIMEOUT_S = "120"
 """Prefect's temporary server takes 10-20 s to start on two cores; its 20 s default is too tight."""
-QUIET_AND_OFFLINE = {"DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-                     "MLFLOW_DISABLE_TELEMETRY": "true", "DVC_NO_ANALYTICS": "1",
-                     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": EPHEMERAL_STARTUP_TIMEOUT_S}
+QUIET_AND_OFFLINE = {
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+    "DVC_NO_ANALYTICS": "1",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": EPHEMERAL_STARTUP_TIMEOUT_S,
+}
 SMOKE_DATA_DIR = Path("data/smoke")
+DOWNLOAD_VARIABLES = ("SPINN_DOWNLOAD_URL", "SPINN_DOWNLOAD_FILE", "SPINN_DOWNLOAD_CHECKSUM")
 SMOKE_ARCHIVE = "snli_smoke.zip"
 SMOKE_OVERRIDES: dict[str, object] = {
-    "model.variant": "spinn", "model.d_hidden": 48, "model.d_tracker": 16, "model.mlp_dim": 64,
-    "batch_size": 32, "max_epochs": 8, "max_steps": 320, "eval_every": 40, "log_every": 10,
-    "checkpoint_every": 40, "patience": 100, "learning_rate": 0.005,
-    "experiment": "spinn-smoke", "registered_model": "spinn-smoke",
+    "model.variant": "spinn",
+    "model.d_hidden": 48,
+    "model.d_tracker": 16,
+    "model.mlp_dim": 64,
+    "batch_size": 32,
+    "max_epochs": 8,
+    "max_steps": 320,
+    "eval_every": 40,
+    "log_every": 10,
+    "checkpoint_every": 40,
+    "patience": 100,
+    "learning_rate": 0.005,
+    "experiment": "spinn-smoke",
+    "registered_model": "spinn-smoke",
 }
 """Small enough to train in well under a minute on two CPU cores, big enough to beat chance clearly."""
 
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--smoke", is_flag=True, help="Run on a small synthetic corpus with a small model (a demo, or CI).")
-@click.option("--corpus", type=click.Choice(["snli", "multinli"]), default="snli", show_default=True)
-@click.option("--url", envvar="SPINN_DOWNLOAD_URL", show_envvar=True, help="A mirror of the corpus archive.")
-@click.option("--file", "local_file", type=click.Path(path_type=Path), envvar="SPINN_DOWNLOAD_FILE",
-              show_envvar=True, help="A local copy of the corpus archive.")
-@click.option("--checksum", envvar="SPINN_DOWNLOAD_CHECKSUM", show_envvar=True,
-              help="sha256:HEX of the mirror's archive (default: the published one).")
+@field_options(DownloadSettings)
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Data folder (default: data, or data/smoke).")
-@click.option("--config", "config_path", type=click.Path(path_type=Path), default=Path("params.yaml"),
-              show_default=True, help="params.yaml with the `train` and `embeddings` sections.")
+@click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path),
+    default=DEFAULT_PARAMS,
+    show_default=True,
+    help="params.yaml whose sections set every stage (used when the file exists).",
+)
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a train setting (repeatable).")
 @click.option("--resume", is_flag=True, help="Continue a killed training run from data/models/last.pt.")
-def main(smoke: bool, corpus: str, url: str | None, local_file: Path | None, checksum: str | None,
-         data_dir: Path | None, config_path: Path, overrides: tuple[str, ...], resume: bool) -> None:
+@click.option("--overwrite", is_flag=True, help="Replace the training run in data/models/ with a new one.")
+def main(
+    smoke: bool,
+    data_dir: Path | None,
+    config_path: Path,
+    overrides: tuple[str, ...],
+    resume: bool,
+    overwrite: bool,
+    **options: object,
+) -> None:
     """Download, prepare, train, evaluate and register SPINN as one Prefect flow run."""
     for name, value in QUIET_AND_OFFLINE.items():
         os.environ.setdefault(name, value)
     from pydantic import ValidationError
 
-    from flows.settings import CorpusSettings, TrainSettings
+    from flows.settings import CorpusRequest, TrainRequest
 
     data_dir = data_dir or (SMOKE_DATA_DIR if smoke else Path("data"))
-    settings = dict(SMOKE_OVERRIDES) if smoke else {}
-    settings.update(_parse_overrides(overrides))
-    if smoke and url is None and local_file is None:
-        local_file, checksum = _smoke_archive(data_dir)
+    download = given(DownloadSettings, options)
+    if smoke and not {"url", "file"} & set(download):  # the synthetic corpus, whatever SPINN_DOWNLOAD_* say
+        for variable in DOWNLOAD_VARIABLES:
+            os.environ.pop(variable, None)
+        download["file"], download["checksum"] = _smoke_archive(data_dir)
+    params = config_path if config_path.is_file() else None
     try:
-        corpus_settings = CorpusSettings(corpus=corpus, url=url, file=local_file, checksum=checksum,
-                                         data_dir=data_dir)
-        training = TrainSettings(config=config_path if config_path.is_file() else None, overrides=settings,
-                                 resume=resume)
+        training_settings = deep_merge(nest(SMOKE_OVERRIDES.items()) if smoke else {}, _parse_overrides(overrides))
+        corpus = CorpusRequest(params=params, data_dir=data_dir, download=download)
+        training = TrainRequest(params=params, settings=training_settings, resume=resume, overwrite=overwrite)
     except ValidationError as error:
         raise click.UsageError(_first_error(error)) from None
-    _run(corpus_settings, training)
+    _run(corpus, training)
 
 
 def _run(corpus, training) -> None:
@@ -81,8 +110,10 @@ def _run(corpus, training) -> None:
         sys.exit(1)
     click.echo(f"MLflow run {result.run_id} (experiment {result.experiment_id}) in {result.tracking_uri}")
     click.echo(f"  see it: mlflow ui --backend-store-uri {result.tracking_uri} --host 127.0.0.1 --port 5000")
-    click.echo(f"dev accuracy {result.best_dev_accuracy:.4f}; test accuracy {result.test_metrics['accuracy']:.4f} "
-               f"(metrics: {result.metrics_file})")
+    click.echo(
+        f"dev accuracy {result.best_dev_accuracy:.4f}; test accuracy {result.test_metrics['accuracy']:.4f} "
+        f"(metrics: {result.metrics_file})"
+    )
     click.echo(f"model checkpoint {result.checkpoint}")
     if result.registered:
         click.echo(f"registered as {describe_registration(result.registered)}")
@@ -90,19 +121,18 @@ def _run(corpus, training) -> None:
 
 def _smoke_archive(data_dir: Path) -> tuple[Path, str]:
     """Generate the synthetic corpus (deterministic bytes) and return it with its checksum."""
-    from spinn.download import file_digest
-    from spinn.smoke import write_smoke_corpus
+    from spinn.data.smoke import write_smoke_corpus
+    from spinn.io import file_digest
 
     archive = write_smoke_corpus(data_dir / "source" / SMOKE_ARCHIVE)
     return archive, f"sha256:{file_digest(archive, 'sha256')}"
 
 
 def _parse_overrides(overrides: tuple[str, ...]) -> dict[str, object]:
-    from spinn.config import parse_override
     from spinn.errors import SpinnError
 
     try:
-        return dict(parse_override(override) for override in overrides)
+        return overrides_from(overrides)
     except SpinnError as error:
         raise click.UsageError(f"--set: {error}") from None
 

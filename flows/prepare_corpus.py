@@ -10,13 +10,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel
 
 from flows import tasks
-from flows.artifacts import corpus_markdown
+from flows.artifacts import PREPARED_CORPUS_KEY, PREPARED_VOCABULARY_KEY, split_counts, vocabulary_facts
 from flows.caching import run_stage
-from flows.settings import CorpusSettings, TrainSettings
+from flows.settings import CorpusRequest
 
 
 class PreparedCorpus(BaseModel):
@@ -30,29 +30,48 @@ class PreparedCorpus(BaseModel):
 
 
 @flow(name="prepare-corpus", log_prints=True)
-def prepare_corpus(corpus: CorpusSettings | None = None, training: TrainSettings | None = None) -> PreparedCorpus:
+def prepare_corpus(corpus: CorpusRequest | None = None) -> PreparedCorpus:
     """Download and verify the corpus, prepare its splits, build the vocabulary and align word vectors.
 
-    `training` names the params file whose `vocab` and `embeddings` sections
-    set the vocabulary and word vectors, as they do for `dvc repro`, so the
-    matrix is cached exactly where `spinn train` will look for it.
+    Each stage's settings are params.yaml's section under what the request
+    overrides, as for `dvc repro`, so the matrix is cached exactly where
+    `spinn train` will look for it.
     """
-    corpus, training = corpus or CorpusSettings(), training or TrainSettings()
-    run_stage(tasks.download_stage, corpus=corpus.corpus, raw_dir=corpus.raw_dir, url=corpus.url, file=corpus.file,
-              checksum=corpus.checksum)
+    corpus = corpus or CorpusRequest()
+    stages = corpus.stages()
+    run_stage(tasks.download_stage, raw_dir=corpus.raw_dir, settings=stages.download)
+    archive = corpus.raw_dir / stages.download.archive_name
     counts = {}
-    for split, member in corpus.split_files.items():
-        output = run_stage(tasks.prepare_stage, archive=corpus.archive, member=member, split=split,
-                           output_dir=corpus.prepared_dir, max_reject_ratio=corpus.max_reject_ratio,
-                           workers=corpus.workers)
+    for split, member in corpus.split_files(stages).items():
+        output = run_stage(
+            tasks.prepare_stage,
+            archive=archive,
+            member=member,
+            split=split,
+            output_dir=corpus.prepared_dir,
+            settings=stages.prepare,
+        )
         counts[split] = output.summary
-    vocab = run_stage(tasks.vocab_stage, train=corpus.split_path("train"), output=corpus.vocab_path,
-                      settings=training.vocab_settings())
-    config = training.train_config()
-    vectors = run_stage(tasks.embeddings_stage, vocab=corpus.vocab_path, source=config.embeddings, oov=config.oov,
-                        seed=config.embeddings_seed, cache_dir=corpus.embeddings_dir)
-    create_markdown_artifact(corpus_markdown(corpus.corpus, counts, vocab.summary, vectors.summary),
-                             key="spinn-prepared-corpus", description="Pairs read, written and rejected per split")
-    return PreparedCorpus(splits={split: corpus.split_path(split) for split in corpus.split_files},
-                          vocab=corpus.vocab_path, counts=counts, vocab_entries=vocab.summary["entries"],
-                          embeddings=vectors.summary)
+    vocab = run_stage(
+        tasks.vocab_stage, train=corpus.split_path("train"), output=corpus.vocab_path, settings=stages.vocab
+    )
+    vectors = run_stage(
+        tasks.embeddings_stage, vocab=corpus.vocab_path, settings=stages.embeddings, cache_dir=corpus.embeddings_dir
+    )
+    create_table_artifact(
+        split_counts(counts),
+        key=PREPARED_CORPUS_KEY,
+        description=f"{stages.download.corpus}: pairs read, written and rejected",
+    )
+    create_table_artifact(
+        vocabulary_facts(vocab.summary, vectors.summary),
+        key=PREPARED_VOCABULARY_KEY,
+        description=f"{stages.download.corpus}: vocabulary and word vectors",
+    )
+    return PreparedCorpus(
+        splits={split: corpus.split_path(split) for split in corpus.split_files(stages)},
+        vocab=corpus.vocab_path,
+        counts=counts,
+        vocab_entries=vocab.summary["entries"],
+        embeddings=vectors.summary,
+    )

@@ -1,66 +1,88 @@
-"""Typed, validated parameters of the flows (what the Prefect UI shows as the run form).
+"""The flows' parameters: the stages' own settings models, every field optional, as typed forms.
 
-Each model checks what it can before any work starts, with messages that name
-the setting: a training override is turned into the full TrainConfig here, so
-a misspelt key or an unknown variant fails the run at submission, not an hour
-into preparing data.
+A flow parameter never restates a setting. Each request names the params file
+and carries the stages' `overrides()` models (spinn.settings): the same fields,
+types and help texts as the CLI's options and params.yaml's sections, every
+one optional; what is left empty comes from the params file, else the stage's
+default. Each request resolves its settings when it is made, so a misspelt
+key, an unknown variant or a params file that does not build fails the run at
+submission (Prefect's ParameterTypeError), not an hour into preparing data.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from spinn.config import TrainConfig, load_train_config, read_params_section
-from spinn.download import CORPORA, Checksum, lookup_corpus
+from spinn.data.download import CORPORA, DownloadSettings
+from spinn.data.embeddings import EmbeddingSettings
+from spinn.data.prepare import PrepareSettings
+from spinn.data.vocab import VocabSettings
 from spinn.errors import SpinnError
+from spinn.settings import DEFAULT_PARAMS, Settings
+from spinn.training.config import TrainConfig
+from spinn.training.evaluate import EvaluateSettings
 
-DEFAULT_PARAMS = Path("params.yaml")
 DEFAULT_MODEL = "models:/spinn@champion"
-VOCAB_SETTINGS = frozenset({"lowercase", "min_freq", "max_size"})
+PARAMS_HELP = "params.yaml whose sections set what is left empty here (null: the defaults only)."
+
+DownloadOverrides = DownloadSettings.overrides()
+PrepareOverrides = PrepareSettings.overrides()
+VocabOverrides = VocabSettings.overrides()
+EmbeddingOverrides = EmbeddingSettings.overrides()
+TrainOverrides = TrainConfig.overrides()
+EvaluateOverrides = EvaluateSettings.overrides()
 
 
-class _Settings(BaseModel):
+class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
 
-class CorpusSettings(_Settings):
-    """Which corpus, where it comes from, and where its prepared splits go."""
+def _resolved(model: type[Settings], params: Path | None, overrides: BaseModel) -> Any:
+    """The stage's settings from the params file and the overrides; problems as the ValueError pydantic
+    reports, so Prefect refuses the run before it starts."""
+    if params is not None and not Path(params).is_file():
+        raise ValueError(f"params {params}: no such file (run from the project folder, or set params to null)")
+    try:
+        return model.from_params(params, overrides.model_dump(exclude_none=True))
+    except SpinnError as error:
+        raise ValueError(str(error)) from None
 
-    corpus: Literal["snli", "multinli"] = "snli"
-    url: str | None = Field(None, description="A mirror of the official archive (default: the official address).")
-    file: Path | None = Field(None, description="A local copy of the archive instead of downloading.")
-    checksum: str | None = Field(None, description="sha256:HEX of a mirror's archive (default: the published one).")
+
+class CorpusStages(NamedTuple):
+    download: DownloadSettings
+    prepare: PrepareSettings
+    vocab: VocabSettings
+    embeddings: EmbeddingSettings
+
+
+class CorpusRequest(_Request):
+    """Which corpus, how each data stage runs, and where the data goes."""
+
+    params: Path | None = Field(DEFAULT_PARAMS, description=PARAMS_HELP)
     data_dir: Path = Field(Path("data"), description="raw/, prepared/, embeddings/, models/ and metrics/ go here.")
-    splits: dict[str, str] | None = Field(None, description="Split -> file in the archive (default: the corpus's).")
-    max_reject_ratio: float = Field(0.01, ge=0, le=1)
-    workers: int | None = Field(None, ge=1, description="Parsing processes (default: CPU count, at most 4).")
-
-    @field_validator("checksum")
-    @classmethod
-    def _checksum_parses(cls, value: str | None) -> str | None:
-        if value is not None:
-            _user_error(Checksum.parse, value)
-        return value
+    download: DownloadOverrides = Field(default_factory=DownloadOverrides)  # type: ignore[valid-type]
+    prepare: PrepareOverrides = Field(default_factory=PrepareOverrides)  # type: ignore[valid-type]
+    vocab: VocabOverrides = Field(default_factory=VocabOverrides)  # type: ignore[valid-type]
+    embeddings: EmbeddingOverrides = Field(default_factory=EmbeddingOverrides)  # type: ignore[valid-type]
 
     @model_validator(mode="after")
-    def _one_source(self) -> CorpusSettings:
-        if self.url is not None and self.file is not None:
-            raise ValueError("give url (a mirror) or file (a local copy), not both")
-        missing = {"train", "dev", "test"} - set(self.split_files)
-        if missing:
-            raise ValueError(f"splits must name train, dev and test; missing {sorted(missing)}")
+    def _stages_resolve(self) -> CorpusRequest:
+        self.stages()
         return self
 
-    @property
-    def split_files(self) -> dict[str, str]:
-        return self.splits or CORPORA[self.corpus].splits
+    def stages(self) -> CorpusStages:
+        return CorpusStages(
+            _resolved(DownloadSettings, self.params, self.download),
+            _resolved(PrepareSettings, self.params, self.prepare),
+            _resolved(VocabSettings, self.params, self.vocab),
+            _resolved(EmbeddingSettings, self.params, self.embeddings),
+        )
 
-    @property
-    def archive(self) -> Path:
-        return self.raw_dir / lookup_corpus(self.corpus).filename
+    def split_files(self, stages: CorpusStages) -> dict[str, str]:
+        return stages.prepare.splits or CORPORA[stages.download.corpus].splits
 
     @property
     def raw_dir(self) -> Path:
@@ -82,59 +104,40 @@ class CorpusSettings(_Settings):
         return self.prepared_dir / f"{split}.parquet"
 
 
-class TrainSettings(_Settings):
-    """The params file's `train` and `embeddings` sections, plus overrides by dotted key."""
+class TrainRequest(_Request):
+    """How to train: the train settings (params.yaml's `train` under these), and what to do with the run."""
 
-    config: Path | None = Field(DEFAULT_PARAMS, description="params.yaml; null: the paper's settings only.")
-    overrides: dict[str, Any] = Field(default_factory=dict,
-                                      description='e.g. {"model.variant": "spinn", "max_steps": 2000}')
+    params: Path | None = Field(DEFAULT_PARAMS, description=PARAMS_HELP)
+    settings: TrainOverrides = Field(default_factory=TrainOverrides)  # type: ignore[valid-type]
     resume: bool = Field(False, description="Continue from models/last.pt in the same MLflow run.")
+    overwrite: bool = Field(
+        False, description="Replace the run in models/ (without it or resume, a folder holding one is refused)."
+    )
     register_model: bool = Field(True, description="Register the model; move the alias when it beats the champion.")
-    run_name: str | None = None
+    run_name: str | None = Field(None, description="MLflow run name.")
 
     @model_validator(mode="after")
-    def _config_builds(self) -> TrainSettings:
-        if self.config is not None and not Path(self.config).is_file():
-            raise ValueError(f"config {self.config}: no such params file (run from the project folder, "
-                             "or set config to null for the paper's settings)")
-        self.vocab_settings()
-        self.train_config()
+    def _config_resolves(self) -> TrainRequest:
+        self.config()
         return self
 
-    def vocab_settings(self) -> dict[str, Any]:
-        """The params file's `vocab` section (lowercase, min_freq, max_size), as `spinn vocab --config` reads it."""
-        settings = read_params_section(self.config, "vocab") if self.config is not None else {}
-        unknown = sorted(set(settings) - VOCAB_SETTINGS)
-        if unknown:
-            raise ValueError(f"{self.config}: unknown vocab settings {unknown}; known: {sorted(VOCAB_SETTINGS)}")
-        return settings
-
-    def train_config(self) -> TrainConfig:
-        overrides = [f"{key}={_yaml_value(value)}" for key, value in self.overrides.items()]
-        return _user_error(load_train_config, self.config, overrides)
+    def config(self) -> TrainConfig:
+        return _resolved(TrainConfig, self.params, self.settings)
 
 
-class EvaluateSettings(_Settings):
-    """Which model to score on which prepared split."""
+class EvaluateRequest(_Request):
+    """Which model to score on which prepared split, and how."""
 
+    params: Path | None = Field(DEFAULT_PARAMS, description=PARAMS_HELP)
     model: str = Field(DEFAULT_MODEL, description="A checkpoint path or an MLflow model URI.")
     data: Path = Path("data/prepared/test.parquet")
     output: Path = Path("data/metrics/test.json")
-    transitions: Literal["auto", "gold", "predicted"] = "auto"
-    batch_size: int = Field(256, ge=1)
-    device: Literal["auto", "cpu", "cuda"] = "auto"
+    settings: EvaluateOverrides = Field(default_factory=EvaluateOverrides)  # type: ignore[valid-type]
 
+    @model_validator(mode="after")
+    def _settings_resolve(self) -> EvaluateRequest:
+        self.evaluation()
+        return self
 
-def _yaml_value(value: Any) -> str:
-    """Overrides travel as `key=value` text that the config reads as YAML; JSON is valid YAML."""
-    import json
-
-    return value if isinstance(value, str) else json.dumps(value)
-
-
-def _user_error(function, *args):
-    """Call a spinn check and re-raise its SpinnError as the ValueError pydantic reports."""
-    try:
-        return function(*args)
-    except SpinnError as error:
-        raise ValueError(str(error)) from None
+    def evaluation(self) -> EvaluateSettings:
+        return _resolved(EvaluateSettings, self.params, self.settings)

@@ -17,6 +17,12 @@ from prefect.client.schemas.objects import TaskRun
 from prefect.states import State
 
 from flows.caching import StageOutput, cache_on
+from spinn.data.download import DownloadSettings
+from spinn.data.embeddings import EmbeddingSettings
+from spinn.data.prepare import PrepareSettings
+from spinn.data.vocab import VocabSettings
+from spinn.training.config import TrainConfig
+from spinn.training.evaluate import EvaluateSettings
 
 DOWNLOAD_RETRIES = 3
 DOWNLOAD_RETRY_DELAYS_S = [10, 60, 300]
@@ -30,80 +36,120 @@ def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
     return bool(getattr(error, "retryable", False))
 
 
-@task(name="download", task_run_name="download", retries=DOWNLOAD_RETRIES,
-      retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S, retry_condition_fn=retryable, cache_key_fn=cache_on("file"),
-      **RESULTS)
-def download_stage(corpus: str, raw_dir: Path, url: str | None, file: Path | None,
-                   checksum: str | None) -> StageOutput:
-    from spinn.download import download_corpus
+@task(
+    name="download",
+    task_run_name="download",
+    retries=DOWNLOAD_RETRIES,
+    retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S,
+    retry_condition_fn=retryable,
+    cache_key_fn=cache_on("settings.file"),
+    **RESULTS,
+)
+def download_stage(raw_dir: Path, settings: DownloadSettings) -> StageOutput:
+    from spinn.data.download import download
 
-    result = download_corpus(corpus, raw_dir, url=url, file=file, checksum=checksum, extract=False, progress=False)
+    result = download(raw_dir, settings, extract=False, progress=False)
     return StageOutput.of({"archive": str(result.archive), "fetched": result.fetched}, result.archive)
 
 
 @task(name="prepare", task_run_name="prepare-{split}", cache_key_fn=cache_on("archive"), **RESULTS)
-def prepare_stage(archive: Path, member: str, split: str, output_dir: Path, max_reject_ratio: float,
-                  workers: int | None) -> StageOutput:
-    from spinn.prepare import prepare
+def prepare_stage(archive: Path, member: str, split: str, output_dir: Path, settings: PrepareSettings) -> StageOutput:
+    from spinn.data.prepare import prepare
 
-    summary = prepare(archive, output_dir, split=split, member=member, max_reject_ratio=max_reject_ratio,
-                      workers=workers)
-    counts = {"read": summary.read, "written": summary.written, "skipped": summary.skipped,
-              "rejected": summary.rejected_total, "reasons": dict(summary.rejected)}
+    summary = prepare(archive, output_dir, settings, split=split, member=member)
+    counts = {
+        "read": summary.read,
+        "written": summary.written,
+        "skipped": summary.skipped,
+        "rejected": summary.rejected_total,
+        "reasons": dict(summary.rejected),
+    }
     return StageOutput.of(counts, summary.output, summary.rejects)
 
 
 @task(name="vocab", task_run_name="vocab", cache_key_fn=cache_on("train"), **RESULTS)
-def vocab_stage(train: Path, output: Path, settings: dict[str, Any]) -> StageOutput:
-    from spinn.vocab import vocab_stage as build
+def vocab_stage(train: Path, output: Path, settings: VocabSettings) -> StageOutput:
+    from spinn.data.vocab import vocab_stage as build
 
-    vocabulary, path = build(train, output, **settings)
+    vocabulary, path = build(train, output, settings)
     return StageOutput.of({"entries": len(vocabulary)}, path)
 
 
 @task(name="embeddings", task_run_name="embeddings", cache_key_fn=cache_on("vocab"), **RESULTS)
-def embeddings_stage(vocab: Path, source: str, oov: str, seed: int, cache_dir: Path) -> StageOutput:
-    from spinn.embeddings import embeddings_stage as align
+def embeddings_stage(vocab: Path, settings: EmbeddingSettings, cache_dir: Path) -> StageOutput:
+    from spinn.data.embeddings import embeddings_stage as align
 
-    report = align(vocab, source=source, oov=oov, seed=seed, cache_dir=cache_dir, progress=False)
-    summary = {"source": report.source, "dim": report.dim, "found": report.found, "oov": report.oov,
-               "coverage": report.coverage}
+    report = align(vocab, settings, cache_dir=cache_dir, progress=False)
+    summary = {
+        "source": report.source,
+        "dim": report.dim,
+        "found": report.found,
+        "oov": report.oov,
+        "coverage": report.coverage,
+    }
     return StageOutput.of(summary, report.cache_path)
 
 
 @task(name="train", task_run_name="train", cache_key_fn=cache_on("train", "dev", "vocab"), **RESULTS)
-def train_stage(train: Path, dev: Path, vocab: Path, config: dict[str, Any], embeddings_dir: Path, output_dir: Path,
-                metrics_dir: Path, resume: bool, run_name: str | None) -> StageOutput:
+def train_stage(
+    train: Path,
+    dev: Path,
+    vocab: Path,
+    config: TrainConfig,
+    embeddings_dir: Path,
+    output_dir: Path,
+    metrics_dir: Path,
+    resume: bool,
+    overwrite: bool,
+    run_name: str | None,
+) -> StageOutput:
     """Train without registering: the flow registers after evaluation, as its own step."""
-    from spinn.config import TrainConfig
-    from spinn.train import train as fit
-    from spinn.train import write_metrics_files
+    from spinn.training.train import train as fit
+    from spinn.training.train import write_metrics_files
 
-    result = fit(train, dev, TrainConfig.from_dict(config), output_dir=output_dir, vocab_path=vocab,
-                 embeddings_dir=embeddings_dir, resume=resume, run_name=run_name, register=False, progress=False)
+    result = fit(
+        train,
+        dev,
+        config,
+        output_dir=output_dir,
+        vocab_path=vocab,
+        embeddings_dir=embeddings_dir,
+        resume=resume,
+        overwrite=overwrite,
+        run_name=run_name,
+        register=False,
+        progress=False,
+    )
     metrics_files = write_metrics_files(result, metrics_dir)
-    summary = {"run_id": result.run_id, "steps": result.steps, "best_step": result.best_step,
-               "best_dev_accuracy": result.best_dev_accuracy, "pairs_per_second": result.pairs_per_second,
-               "train_seconds": result.train_seconds, "checkpoint": str(result.best_checkpoint)}
+    summary = {
+        "run_id": result.run_id,
+        "steps": result.steps,
+        "best_step": result.best_step,
+        "best_dev_accuracy": result.best_dev_accuracy,
+        "pairs_per_second": result.pairs_per_second,
+        "train_seconds": result.train_seconds,
+        "checkpoint": str(result.best_checkpoint),
+    }
     return StageOutput.of(summary, result.best_checkpoint, *metrics_files)
 
 
 @task(name="evaluate", task_run_name="evaluate", cache_key_fn=cache_on("model", "data"), **RESULTS)
-def evaluate_stage(model: str, data: Path, output: Path, plot: Path, predictions: Path, transitions: str,
-                   batch_size: int, device: str) -> StageOutput:
-    from spinn.evaluate import evaluate
+def evaluate_stage(
+    model: str, data: Path, output: Path, plot: Path, predictions: Path, settings: EvaluateSettings
+) -> StageOutput:
+    from spinn.training.evaluate import evaluate
 
-    metrics = evaluate(model, data, output, plot=plot, predictions=predictions, transitions=transitions,
-                       batch_size=batch_size, device=device)
+    metrics = evaluate(model, data, output, settings, plot=plot, predictions=predictions)
     summary = {key: value for key, value in metrics.to_json().items() if not isinstance(value, dict)}
     return StageOutput.of(summary, output, plot, predictions)
 
 
 @task(name="register", task_run_name="register")
-def register_stage(run_id: str, checkpoint: Path, dev_accuracy: float, name: str, alias: str,
-                   tags: dict[str, str]) -> dict[str, Any]:
+def register_stage(
+    run_id: str, checkpoint: Path, dev_accuracy: float, name: str, alias: str, tags: dict[str, str]
+) -> dict[str, Any]:
     """Not cached: the registry is the state, and `register_model` already finds a version it made."""
-    from spinn.registry import register_model
+    from spinn.tracking.register import register_model
 
     registration = register_model(run_id, checkpoint, dev_accuracy, name=name, alias=alias, tags=tags)
     return {**asdict(registration), "uri": registration.uri}

@@ -10,15 +10,15 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
-from prefect.artifacts import create_markdown_artifact
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.runtime import flow_run
 from pydantic import BaseModel
 
 from flows import tasks
-from flows.artifacts import run_markdown
+from flows.artifacts import TRAINING_RUN_KEY, TRAINING_RUN_LINK_KEY, run_facts, run_link_markdown
 from flows.caching import run_stage
 from flows.prepare_corpus import prepare_corpus
-from flows.settings import CorpusSettings, EvaluateSettings, TrainSettings
+from flows.settings import CorpusRequest, EvaluateOverrides, EvaluateRequest, TrainRequest
 
 TEST_SPLIT = "test"
 
@@ -37,38 +37,68 @@ class TrainedModel(BaseModel):
 
 
 @flow(name="train-spinn", log_prints=True)
-def train_spinn(corpus: CorpusSettings | None = None, training: TrainSettings | None = None,
-                evaluation: EvaluateSettings | None = None) -> TrainedModel:
-    """The whole pipeline. Settings left out take their defaults (params.yaml in the working directory);
-    `evaluation` sets transitions, batch size and device (the model and data are this run's)."""
-    from spinn import tracking
+def train_spinn(
+    corpus: CorpusRequest | None = None,
+    training: TrainRequest | None = None,
+    evaluation: EvaluateOverrides | None = None,  # type: ignore[valid-type]
+) -> TrainedModel:
+    """The whole pipeline. Settings left out come from params.yaml (in the working directory), else the
+    stages' defaults. Training uses the word vectors the corpus's embeddings stage aligned; `evaluation`
+    sets transitions, batch size and device of the test scoring (the model and data are this run's)."""
+    from spinn.tracking import store as tracking
 
-    corpus, training = corpus or CorpusSettings(), training or TrainSettings()
-    evaluation = evaluation or EvaluateSettings()
-    prepared = prepare_corpus(corpus, training)
-    config = training.train_config()
+    corpus, training = corpus or CorpusRequest(), training or TrainRequest()
+    testing = EvaluateRequest(params=corpus.params, settings=evaluation or EvaluateOverrides()).evaluation()
+    prepared = prepare_corpus(corpus)
+    config = training.config().replace(embeddings=corpus.stages().embeddings)
     metrics_dir = corpus.data_dir / "metrics"
-    trained = run_stage(tasks.train_stage, train=prepared.splits["train"], dev=prepared.splits["dev"],
-                        vocab=prepared.vocab, config=config.to_dict(), embeddings_dir=corpus.embeddings_dir,
-                        output_dir=corpus.data_dir / "models", metrics_dir=metrics_dir, resume=training.resume,
-                        run_name=training.run_name).summary
-    evaluated = run_stage(tasks.evaluate_stage, model=trained["checkpoint"], data=prepared.splits[TEST_SPLIT],
-                          output=metrics_dir / f"{TEST_SPLIT}.json", plot=metrics_dir / "confusion.png",
-                          predictions=metrics_dir / f"{TEST_SPLIT}_predictions.csv",
-                          transitions=evaluation.transitions, batch_size=evaluation.batch_size,
-                          device=evaluation.device).summary
+    trained = run_stage(
+        tasks.train_stage,
+        train=prepared.splits["train"],
+        dev=prepared.splits["dev"],
+        vocab=prepared.vocab,
+        config=config,
+        embeddings_dir=corpus.embeddings_dir,
+        output_dir=corpus.data_dir / "models",
+        metrics_dir=metrics_dir,
+        resume=training.resume,
+        overwrite=training.overwrite,
+        run_name=training.run_name,
+    ).summary
+    evaluated = run_stage(
+        tasks.evaluate_stage,
+        model=trained["checkpoint"],
+        data=prepared.splits[TEST_SPLIT],
+        output=metrics_dir / f"{TEST_SPLIT}.json",
+        plot=metrics_dir / "confusion.png",
+        predictions=metrics_dir / f"{TEST_SPLIT}_predictions.csv",
+        settings=testing,
+    ).summary
     registered = None
     if training.register_model:
-        registered = tasks.register_stage(trained["run_id"], trained["checkpoint"], trained["best_dev_accuracy"],
-                                          config.registered_model, config.alias, _test_tags(evaluated))
+        registered = tasks.register_stage(
+            trained["run_id"],
+            trained["checkpoint"],
+            trained["best_dev_accuracy"],
+            config.registered_model,
+            config.alias,
+            _test_tags(evaluated),
+        )
     tracking.tag_run(trained["run_id"], _prefect_tags())
     run = tracking.run_summary(trained["run_id"])
-    create_markdown_artifact(run_markdown(run, trained, evaluated, registered), key="spinn-training-run",
-                             description=f"MLflow run {trained['run_id']}")
-    return TrainedModel(run_id=trained["run_id"], experiment_id=run["experiment_id"],
-                        tracking_uri=run["tracking_uri"], checkpoint=trained["checkpoint"],
-                        best_dev_accuracy=trained["best_dev_accuracy"], test_metrics=evaluated,
-                        metrics_file=str(metrics_dir / f"{TEST_SPLIT}.json"), registered=registered)
+    description = f"MLflow run {trained['run_id']}"
+    create_table_artifact(run_facts(run, trained, evaluated, registered), key=TRAINING_RUN_KEY, description=description)
+    create_markdown_artifact(run_link_markdown(run), key=TRAINING_RUN_LINK_KEY, description=description)
+    return TrainedModel(
+        run_id=trained["run_id"],
+        experiment_id=run["experiment_id"],
+        tracking_uri=run["tracking_uri"],
+        checkpoint=trained["checkpoint"],
+        best_dev_accuracy=trained["best_dev_accuracy"],
+        test_metrics=evaluated,
+        metrics_file=str(metrics_dir / f"{TEST_SPLIT}.json"),
+        registered=registered,
+    )
 
 
 def _test_tags(evaluated: dict[str, Any]) -> dict[str, str]:
@@ -77,5 +107,9 @@ def _test_tags(evaluated: dict[str, Any]) -> dict[str, str]:
 
 def _prefect_tags() -> dict[str, str]:
     """Tags on the MLflow run that lead back to this Prefect run."""
-    return {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": str(flow_run.name),
-            "prefect.flow_name": "train-spinn", "prefect.flow_run_url": str(flow_run.ui_url or "")}
+    return {
+        "prefect.flow_run_id": str(flow_run.id),
+        "prefect.flow_run_name": str(flow_run.name),
+        "prefect.flow_name": "train-spinn",
+        "prefect.flow_run_url": str(flow_run.ui_url or ""),
+    }

@@ -1,16 +1,24 @@
-"""`spinn bench`: time SPINN training or inference steps on real trees.
+"""`spinn bench`: time SPINN training or inference steps on real trees, and count what decides GPU speed.
 
 Batches come from a real SNLI-format file (binary parses) or a prepared
-Parquet split, length-bucketed like training batches, optionally resampled to
-a given number of pairs (e.g. 550,152 to time a full SNLI training epoch from
-the dev trees). Word vectors are random: speed does not depend on their values.
+Parquet split, length-bucketed and width-bucketed like training batches,
+optionally resampled to a given number of pairs (e.g. 550,152 to time a full
+SNLI training epoch from the dev trees). Word vectors are random: speed does
+not depend on their values.
 
-What is timed: `steps` model steps after `warmup` untimed ones; a train step
-is forward, backward and an RMSprop update, an infer step is a forward under
-inference_mode. Batches are built and placed on the device before timing, as
-a data loader running ahead of the model would. On CUDA the clock is read
-after torch.cuda.synchronize(). Peak memory is torch.cuda.max_memory_allocated
-on CUDA and the process's peak resident set size on CPU.
+Modes: `train` times the training step that `spinn train` runs (forward,
+backward, clipping, RMSprop, metric sums; replayed from CUDA graphs on a GPU)
+on batches already on the device; `infer` the inference step of `spinn
+evaluate` and `spinn label`; `loop` the training loop itself, with batches
+made by the loader thread as they are needed and the metrics read every
+LOG_EVERY steps. `steps` steps are timed after `warmup` untimed ones (on a GPU
+each batch shape is captured after its first warm-up steps: give enough). The
+clock is read after torch.cuda.synchronize(). Peak memory is
+torch.cuda.max_memory_allocated on CUDA and the process's peak resident set
+size on CPU. `--count-ops` adds aten ops and host syncs per step and per
+transition step (spinn/opcount.py); `--profile` (CUDA) adds kernels per step
+and the share of wall time the GPU is busy. No MLflow, Prefect, Stanza or DVC
+is imported here: the benchmark runs on a bare GPU image.
 """
 
 from __future__ import annotations
@@ -20,56 +28,94 @@ import random
 import resource
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from itertools import cycle, islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
+from pydantic import Field, model_validator
 
-from spinn.batching import (Batch, Example, bucket_batches, corpus_vocabulary, encode_pairs, make_batch,
-                            padding_fraction, read_raw_pairs)
+from spinn.data.pairs import Example, corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
-from spinn.evaluate import resolve_device
-from spinn.model import COMPOSE_STRATEGIES, SPINN, TREE_VARIANTS, SPINNConfig, random_vectors, spinn_loss
-from spinn.reference import ReferenceSPINN
+from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
+from spinn.model.config import SPINNConfig
+from spinn.model.loading import resolve_device
+from spinn.model.reference import ReferenceSPINN
+from spinn.model.spinn import SPINN, random_vectors, spinn_loss
+from spinn.opcount import counting
+from spinn.settings import Settings
+from spinn.training.loader import prefetch
+from spinn.training.step import InferStep, Schedule, StepOptions, TrainStep, make_optimizer
 
-MODES = ("train", "infer")
-IMPLEMENTATIONS = ("fast", "reference")
-DEVICES = ("cpu", "cuda")
+Mode = Literal["train", "infer", "loop"]
+Implementation = Literal["fast", "reference"]
 LEARNING_RATE = 1e-3  # RMSprop, as the paper; the value does not change the speed
+CLIP_NORM = 5.0
+LOG_EVERY = 50
+"""The loop mode reads its metrics as often as `spinn train` logs them by default."""
+COUNTED_STEPS = 2
+PROFILED_STEPS = 5
+TOP_OPS = 8
 RSS_UNIT_BYTES = 1 if sys.platform == "darwin" else 1024  # ru_maxrss is KiB on Linux, bytes on macOS
 
 
-def run_bench(
-    corpus: Path,
-    *,
-    pairs: int | None = None,
-    variant: str = "pi",
-    mode: str = "train",
-    batch_size: int = 128,
-    d_hidden: int = 300,
-    d_tracker: int = 64,
-    d_embed: int = 300,
-    steps: int = 20,
-    warmup: int = 3,
-    device: str = "cpu",
-    impl: str = "fast",
-    compose: str = "needed",
-    amp: bool = False,
-    compile: bool = False,
-    threads: int | None = None,
-    seed: int = 0,
-) -> dict[str, Any]:
+class BenchSettings(Settings):
+    """What to time: the model, the batches, the mode and where."""
+
+    corpus: Path
+    """SNLI-format .jsonl(.gz) with binary parses, or a prepared .parquet split."""
+    pairs: int | None = Field(None, ge=1)
+    """Resample the corpus to this many pairs (e.g. 550152 for an SNLI epoch)."""
+    variant: Literal["pi-nt", "pi", "spinn", "rl"] = "pi"
+    """The model variant."""
+    mode: Mode = "train"
+    """train: the training step; infer: the inference step; loop: the training loop with its loader."""
+    impl: Implementation = "fast"
+    """reference: the seed article's per-example stacks, kept only for comparison."""
+    batch_size: int = Field(128, ge=1)
+    """Pairs per step."""
+    d_hidden: int = Field(300, ge=1)
+    """Hidden size."""
+    d_tracker: int = Field(64, ge=1)
+    """Tracker size."""
+    d_embed: int = Field(300, ge=1)
+    """Word vector size."""
+    steps: int = Field(20, ge=1)
+    """Timed steps."""
+    warmup: int = Field(3, ge=0)
+    """Untimed steps first."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where to run."""
+    amp: bool = False
+    """bf16 autocast outside the encoder (its cells run in fp32)."""
+    graphs: bool = True
+    """On CUDA, replay each batch shape's step from a CUDA graph."""
+    count_ops: bool = False
+    """Also count aten ops and host syncs per step (any device)."""
+    profile: bool = False
+    """Also profile kernels per step and the GPU's busy share (CUDA)."""
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op threads (default: torch's choice)."""
+    seed: int = 0
+    """Seeds the weights, the resampling and the batch order."""
+
+    @model_validator(mode="after")
+    def _reference_can_run(self) -> BenchSettings:
+        if self.impl == "reference" and self.variant == "rl":
+            raise ValueError("variant rl has no reference implementation; use the fast one")
+        if self.impl == "reference" and self.mode == "loop":
+            raise ValueError("the loop mode runs the training loop, which has the fast implementation only")
+        if self.profile and self.device != "cuda":
+            raise ValueError("profile measures GPU kernels; it needs device cuda (count_ops works anywhere)")
+        return self
+
+
+def run_bench(settings: BenchSettings) -> dict[str, Any]:
     """Run the benchmark and return one flat JSON-ready dict (settings and measurements)."""
-    _check_options(mode, impl, device, steps, warmup, pairs, threads)
-    if impl == "reference" and compose != "needed":
-        raise SpinnError("--compose all applies to --impl fast; the reference composes only the rows that reduce")
-    if impl == "reference" and variant == "rl":
-        raise SpinnError("--variant rl has no reference implementation; use --impl fast")
-    with _torch_threads(threads):
-        return _run(Path(corpus), pairs, variant, mode, batch_size, d_hidden, d_tracker, d_embed, steps, warmup,
-                    device, impl, compose, amp, compile, seed)
+    resolve_device(settings.device)
+    with _torch_threads(settings.threads):
+        return _run(settings)
 
 
 @contextlib.contextmanager
@@ -84,55 +130,185 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         torch.set_num_threads(previous)
 
 
-def _run(corpus: Path, pairs: int | None, variant: str, mode: str, batch_size: int, d_hidden: int, d_tracker: int,
-         d_embed: int, steps: int, warmup: int, device: str, impl: str, compose: str, amp: bool, compile: bool,
-         seed: int) -> dict[str, Any]:
-    """run_bench after its options are checked."""
-    torch.manual_seed(seed)
-    examples, vocab_size = load_examples(corpus, pairs, seed, labelled=mode == "train")
-    config = SPINNConfig(variant=variant, d_embed=d_embed, d_hidden=d_hidden, d_tracker=d_tracker, compose=compose)
-    model = SPINN(config, random_vectors(vocab_size, d_embed, seed)).to(device)
-    if compile:
-        model.compile_cells()
-    runner = model if impl == "fast" else ReferenceSPINN(model)
-    batches = [batch.to(device) for batch in take_batches(examples, batch_size, warmup + steps, seed)]
-    predict = mode == "infer" and config.predicts_transitions and impl == "fast"
-    step = _train_step(model, runner, config, device, amp) if mode == "train" else \
-        _infer_step(model, runner, device, amp, predict)
-    seconds, peak = _time(step, batches, warmup, device)
-    timed = batches[warmup:]
+def _run(settings: BenchSettings) -> dict[str, Any]:
+    """run_bench with its threads set."""
+    torch.manual_seed(settings.seed)
+    examples, vocab_size = load_examples(settings.corpus, settings.pairs, settings.seed, settings.mode != "infer")
+    config = SPINNConfig(
+        variant=settings.variant, d_embed=settings.d_embed, d_hidden=settings.d_hidden, d_tracker=settings.d_tracker
+    )
+    model = SPINN(config, random_vectors(vocab_size, settings.d_embed, settings.seed)).to(settings.device)
+    predict = settings.mode == "infer" and config.predicts_transitions and settings.impl == "fast"
+    count = settings.warmup + settings.steps
+    host_batches = take_batches(examples, settings.batch_size, count, settings.seed)
+    step, batches = _stepper(settings, model, predict, examples, host_batches)
+    seconds, peak = _time(step, batches, settings.warmup, settings.device)
+    timed = host_batches[settings.warmup :]
     timed_pairs = sum(batch.pairs for batch in timed)
-    return {
+    mean_steps = sum(batch.transitions.shape[1] for batch in timed) / len(timed)
+    result = {
         "pairs_per_second": timed_pairs / seconds,
         "seconds": seconds,
-        "seconds_per_step": seconds / steps,
+        "seconds_per_step": seconds / settings.steps,
         "peak_memory_bytes": peak,
-        "peak_memory_kind": "cuda_max_memory_allocated" if device == "cuda" else "process_peak_rss",
+        "peak_memory_kind": "cuda_max_memory_allocated" if settings.device == "cuda" else "process_peak_rss",
         "timed_pairs": timed_pairs,
-        "mean_transition_steps": sum(batch.transitions.shape[1] for batch in timed) / len(timed),
+        "mean_transition_steps": mean_steps,
         "mean_padding_fraction": sum(padding_fraction(batch) for batch in timed) / len(timed),
-        "transitions": "predicted" if predict else "sampled" if mode == "train" and config.samples_transitions
-        else "gold",
-        "corpus": str(corpus), "pairs": len(examples), "variant": variant, "mode": mode,
-        "batch_size": batch_size, "d_hidden": d_hidden, "d_tracker": d_tracker, "d_embed": d_embed,
-        "mlp_layers": config.mlp_layers, "mlp_dim": config.mlp_dim, "steps": steps, "warmup": warmup,
-        "device": device, "device_name": _device_name(device), "impl": impl, "compose": compose, "amp": amp,
-        "compile": compile, "threads": torch.get_num_threads(), "seed": seed, "torch": torch.__version__,
+        "transitions": _transitions_kind(predict, settings.mode, config),
+        **settings.to_dict(),
+        "pairs": len(examples),
+        "mlp_layers": config.mlp_layers,
+        "mlp_dim": config.mlp_dim,
+        "device_name": _device_name(settings.device),
+        "threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+    }
+    again = _repeat(settings, model, predict, host_batches[settings.warmup :])
+    if settings.count_ops:
+        result.update(_count(again, mean_steps))
+    if settings.profile:
+        result.update(_profile(again, settings.device))
+    return result
+
+
+def _stepper(
+    settings: BenchSettings, model: SPINN, predict: bool, examples: list[Example], host_batches: list[Batch]
+) -> tuple[Callable[[Any], None], list]:
+    """The step to time and what it is called with: device batches, or (loop) index lists for the loader."""
+    device = torch.device(settings.device)
+    if settings.mode == "loop":
+        order = bucket_batches(examples, settings.batch_size, shuffle=True, seed=settings.seed)
+        indices = list(islice(cycle(order), settings.warmup + settings.steps))
+        return _LoopStep(_train_step(settings, model, settings.graphs), examples, indices, device), indices
+    batches = [batch.to(device) for batch in host_batches]
+    return _step_of(settings, model, predict, settings.graphs), batches
+
+
+def _step_of(settings: BenchSettings, model: SPINN, predict: bool, graphs: bool) -> Callable[[Batch], Any]:
+    if settings.impl == "reference":
+        return _reference_step(settings, model, predict)
+    if settings.mode == "infer":
+        return InferStep(model, predict_transitions=predict, amp=settings.amp, graphs=graphs)
+    return _train_step(settings, model, graphs)
+
+
+class _TrainCalls:
+    """spinn train's step, numbered as it goes (the schedule needs the step number)."""
+
+    def __init__(self, train: TrainStep):
+        self.train, self.count = train, 0
+
+    def __call__(self, batch: Batch) -> None:
+        self.train(batch, self.count)
+        self.count += 1
+
+
+def _train_step(settings: BenchSettings, model: SPINN, graphs: bool) -> _TrainCalls:
+    device = torch.device(settings.device)
+    schedule = Schedule(base=LEARNING_RATE, decay=1.0, decay_steps=1)
+    optimizer = make_optimizer(model, schedule, 0.0, device)
+    return _TrainCalls(TrainStep(model, optimizer, schedule, StepOptions(CLIP_NORM, settings.amp, graphs)))
+
+
+class _LoopStep:
+    """The training loop as `spinn train` runs it: the loader thread makes each batch as it falls due, and
+    the metrics are read (the loop's one sync) every LOG_EVERY steps. One call per index list, in order."""
+
+    def __init__(self, calls: _TrainCalls, examples: list[Example], order: list, device: torch.device):
+        self.calls = calls
+        self.batches = prefetch(examples, order, device)
+
+    def __call__(self, _indices: list[int]) -> None:
+        self.calls(next(self.batches))
+        if self.calls.count % LOG_EVERY == 0:
+            self.calls.train.metrics.read()
+
+
+def _repeat(settings: BenchSettings, model: SPINN, predict: bool, host_batches: list[Batch]) -> Callable[[int], None]:
+    """Run n more steps of the timed kind, eagerly (ops are counted, kernels profiled, as launched)."""
+    batches = [batch.to(settings.device) for batch in host_batches]
+    step = _step_of(settings, model, predict, graphs=settings.graphs and settings.profile)
+
+    def run(count: int) -> None:
+        for batch in islice(cycle(batches), count):
+            step(batch)
+        _synchronize(settings.device)
+
+    run(1)  # lazy state first: optimizer buffers, a graph's capture
+    return run
+
+
+def _count(run: Callable[[int], None], mean_steps: float) -> dict[str, Any]:
+    with counting() as count:
+        run(COUNTED_STEPS)
+    per_step = count.total / COUNTED_STEPS
+    return {
+        "ops_per_step": per_step,
+        "ops_per_transition_step": per_step / mean_steps,
+        "syncs_per_step": count.syncs / COUNTED_STEPS,
+        "sync_ops": count.sync_ops(),
+        "top_ops": count.ops.most_common(TOP_OPS),
     }
 
 
-def _check_options(mode: str, impl: str, device: str, steps: int, warmup: int, pairs: int | None,
-                   threads: int | None) -> None:
-    for name, value, allowed in (("mode", mode, MODES), ("impl", impl, IMPLEMENTATIONS), ("device", device, DEVICES)):
-        if value not in allowed:
-            raise SpinnError(f"--{name} must be one of {allowed}, got {value!r}")
-    if steps < 1 or warmup < 0:
-        raise SpinnError(f"need --steps >= 1 and --warmup >= 0, got {steps} and {warmup}")
-    if pairs is not None and pairs < 1:
-        raise SpinnError(f"--pairs must be at least 1, got {pairs}")
-    if threads is not None and threads < 1:
-        raise SpinnError(f"--threads must be at least 1, got {threads}")
-    resolve_device(device)
+def _profile(run: Callable[[int], None], device: str) -> dict[str, Any]:
+    """Kernels launched per step, and the share of the steps' wall time some kernel was running."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run(PROFILED_STEPS)  # graphs captured and warm before the profile
+    start = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CUDA]) as profiler:
+        run(PROFILED_STEPS)
+    wall_us = (time.perf_counter() - start) * 1e6
+    kernels = [event for event in profiler.events() if event.device_type == torch.autograd.DeviceType.CUDA]
+    busy_us = _union_length([(event.time_range.start, event.time_range.end) for event in kernels])
+    return {
+        "kernels_per_step": len(kernels) / PROFILED_STEPS,
+        "gpu_busy_us_per_step": busy_us / PROFILED_STEPS,
+        "gpu_busy_share": busy_us / wall_us,
+        "profiled_device": torch.cuda.get_device_name(torch.device(device)),
+    }
+
+
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    """Total length covered by intervals (overlapping kernels on several streams count once)."""
+    total, end = 0.0, float("-inf")
+    for start, stop in sorted(intervals):
+        if stop > end:
+            total += stop - max(start, end)
+            end = stop
+    return total
+
+
+def _reference_step(settings: BenchSettings, model: SPINN, predict: bool) -> Callable[[Batch], None]:
+    """The seed article's algorithm with the same weights: a plain eager step."""
+    runner = ReferenceSPINN(model)
+    if settings.mode == "infer":
+        model.eval()
+
+        def infer(batch: Batch) -> None:
+            with torch.no_grad(), _autocast(settings.device, settings.amp):
+                runner(batch, predict_transitions=predict)
+
+        return infer
+    model.train()
+    optimizer = torch.optim.RMSprop(model.parameters(), lr=LEARNING_RATE)
+
+    def train(batch: Batch) -> None:
+        optimizer.zero_grad(set_to_none=True)
+        with _autocast(settings.device, settings.amp):
+            loss = spinn_loss(runner(batch), batch, model.config).total
+        loss.backward()
+        optimizer.step()
+
+    return train
+
+
+def _transitions_kind(predict: bool, mode: str, config: SPINNConfig) -> str:
+    if predict:
+        return "predicted"
+    return "sampled" if mode != "infer" and config.samples_transitions else "gold"
 
 
 def load_examples(corpus: Path, pairs: int | None, seed: int, labelled: bool) -> tuple[list[Example], int]:
@@ -151,37 +327,15 @@ def load_examples(corpus: Path, pairs: int | None, seed: int, labelled: bool) ->
 
 
 def take_batches(examples: list[Example], batch_size: int, count: int, seed: int) -> list[Batch]:
-    """The first `count` length-bucketed batches, cycling through the epoch if it has fewer."""
+    """The first `count` length-bucketed batches as training makes them, cycling through the epoch."""
     order = bucket_batches(examples, batch_size, shuffle=True, seed=seed)
-    return [make_batch([examples[i] for i in indices]) for indices in islice(cycle(order), count)]
+    return [
+        make_batch([examples[i] for i in indices], width_step=WIDTH_STEP) for indices in islice(cycle(order), count)
+    ]
 
 
 def _autocast(device: str, amp: bool) -> contextlib.AbstractContextManager:
     return torch.autocast(device_type=device, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
-
-
-def _train_step(model: SPINN, runner: torch.nn.Module, config: SPINNConfig, device: str, amp: bool):
-    model.train()
-    optimizer = torch.optim.RMSprop(model.parameters(), lr=LEARNING_RATE)
-
-    def step(batch: Batch) -> None:
-        optimizer.zero_grad(set_to_none=True)
-        with _autocast(device, amp):
-            loss = spinn_loss(runner(batch), batch, config).total
-        loss.backward()
-        optimizer.step()
-
-    return step
-
-
-def _infer_step(model: SPINN, runner: torch.nn.Module, device: str, amp: bool, predict: bool):
-    model.eval()
-
-    def step(batch: Batch) -> None:
-        with torch.inference_mode(), _autocast(device, amp):
-            runner(batch, predict_transitions=predict)
-
-    return step
 
 
 def _time(step, batches: list[Batch], warmup: int, device: str) -> tuple[float, int]:
@@ -218,6 +372,3 @@ def _cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return "cpu"
-
-
-__all__ = ["COMPOSE_STRATEGIES", "DEVICES", "IMPLEMENTATIONS", "MODES", "TREE_VARIANTS", "run_bench"]

@@ -15,8 +15,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def copy_checkout(destination: Path) -> Path:
     """The files git would see here (tracked, or untracked and not ignored), without any data/."""
-    listing = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT,
-                             capture_output=True, text=True, check=True).stdout
+    listing = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
     for name in filter(None, listing.split("\0")):
         source = ROOT / name
         if name.startswith("data/") or not source.is_file():  # listed but deleted in the working tree

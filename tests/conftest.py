@@ -110,26 +110,42 @@ class SmokeModel:
 @pytest.fixture(scope="session")
 def smoke_model(tmp_path_factory) -> SmokeModel:
     """Train once per session: the labelling tests need a real model whose vocabulary fits SNLI-style text."""
-    from spinn.config import build_train_config
-    from spinn.prepare import prepare
-    from spinn.smoke import write_smoke_corpus
-    from spinn.train import train
-    from spinn.vocab import vocab_stage
+    from spinn.data.prepare import PrepareSettings, prepare
+    from spinn.data.smoke import write_smoke_corpus
+    from spinn.data.vocab import vocab_stage
+    from spinn.training.config import TrainConfig
+    from spinn.training.train import train
 
     root = tmp_path_factory.mktemp("smoke-model")
     archive = write_smoke_corpus(root / "snli_1.0.zip")
     prepared = root / "prepared"
     for split in ("train", "dev", "test"):
-        prepare(archive, prepared, member=f"snli_1.0_{split}.jsonl", workers=1)
+        prepare(archive, prepared, PrepareSettings(workers=1), member=f"snli_1.0_{split}.jsonl")
     vocab_stage(prepared / "train.parquet")
     tracking_uri = f"sqlite:///{root / 'mlflow.db'}"
-    config = build_train_config({"model": {"variant": "spinn", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
-                                 "batch_size": 32, "max_steps": 40, "eval_every": 20, "log_every": 10,
-                                 "checkpoint_every": 20, "device": "cpu", "threads": 1,
-                                 "experiment": "label-test", "registered_model": "label-test"})
+    config = TrainConfig.build(
+        {
+            "model": {"variant": "spinn", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+            "batch_size": 32,
+            "max_steps": 40,
+            "eval_every": 20,
+            "log_every": 10,
+            "checkpoint_every": 20,
+            "device": "cpu",
+            "threads": 1,
+            "experiment": "label-test",
+            "registered_model": "label-test",
+        }
+    )
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", tracking_uri)
         patch.chdir(root)  # a new experiment's artifacts go to ./mlruns: keep them out of the checkout
-        result = train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=root / "models",
-                       embeddings_dir=root / "embeddings", progress=False)
+        result = train(
+            prepared / "train.parquet",
+            prepared / "dev.parquet",
+            config,
+            output_dir=root / "models",
+            embeddings_dir=root / "embeddings",
+            progress=False,
+        )
     return SmokeModel(result.best_checkpoint, prepared, archive, tracking_uri, "models:/label-test@champion")

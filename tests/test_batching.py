@@ -1,4 +1,4 @@
-"""Tests for spinn.batching: padding layout, length buckets, corpus reading."""
+"""Tests for spinn.model.batch and spinn.data.pairs: padding layout, length buckets, corpus reading."""
 
 from __future__ import annotations
 
@@ -10,23 +10,31 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spinn.batching import (BUCKET_NOISE, PAD_TRANSITION, Example, RawPair, bucket_batches, corpus_vocabulary,
-                            encode_pairs, make_batch, padding_fraction, read_raw_pairs)
+from spinn.data.pairs import Example, RawPair, corpus_vocabulary, encode_pairs, read_raw_pairs
+from spinn.data.schema import LABELS
+from spinn.data.vocab import PAD_ID, UNK_ID
 from spinn.errors import SpinnError
-from spinn.schema import LABELS
-from spinn.transitions import Transition, check_transitions, read_binary_parse
-from spinn.vocab import PAD_ID, UNK_ID
+from spinn.model.batch import BUCKET_NOISE, PAD_TRANSITION, bucket_batches, make_batch, padding_fraction
+from spinn.trees.transitions import Transition, check_transitions, read_binary_parse
 
 SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
 needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
 
 S, R = Transition.SHIFT, Transition.REDUCE
 RECORDS = [
-    {"gold_label": "entailment", "sentence1_binary_parse": "( ( A dog ) ( runs . ) )",
-     "sentence2_binary_parse": "( ( An animal ) moves )", "pairID": "p1"},
+    {
+        "gold_label": "entailment",
+        "sentence1_binary_parse": "( ( A dog ) ( runs . ) )",
+        "sentence2_binary_parse": "( ( An animal ) moves )",
+        "pairID": "p1",
+    },
     {"gold_label": "-", "sentence1_binary_parse": "( A b )", "sentence2_binary_parse": "c", "pairID": "p2"},
-    {"gold_label": "contradiction", "sentence1_binary_parse": "( Cats ( sleep soundly ) )",
-     "sentence2_binary_parse": "( Cats run )", "pairID": "p3"},
+    {
+        "gold_label": "contradiction",
+        "sentence1_binary_parse": "( Cats ( sleep soundly ) )",
+        "sentence2_binary_parse": "( Cats run )",
+        "pairID": "p3",
+    },
 ]
 
 
@@ -34,8 +42,13 @@ def example(premise: str, hypothesis: str, label: int | None = 0) -> Example:
     """Ids are word lengths: enough to tell positions apart."""
     p_tokens, p_transitions = read_binary_parse(premise)
     h_tokens, h_transitions = read_binary_parse(hypothesis)
-    return Example(tuple(len(t) + 2 for t in p_tokens), tuple(p_transitions),
-                   tuple(len(t) + 2 for t in h_tokens), tuple(h_transitions), label)
+    return Example(
+        tuple(len(t) + 2 for t in p_tokens),
+        tuple(p_transitions),
+        tuple(len(t) + 2 for t in h_tokens),
+        tuple(h_transitions),
+        label,
+    )
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:
@@ -48,17 +61,16 @@ def test_pad_transition_is_not_a_transition():
 
 
 def test_make_batch_layout():
-    examples = [example("( ( A dog ) ( runs . ) )", "( ( An animal ) moves )", 0),
-                example("( Cats sleep )", "Hi", 2)]
+    examples = [example("( ( A dog ) ( runs . ) )", "( ( An animal ) moves )", 0), example("( Cats sleep )", "Hi", 2)]
     batch = make_batch(examples)
     assert batch.pairs == 2
     assert batch.tokens.shape == (4, 4)
     assert batch.lengths.tolist() == [4, 2, 3, 1]  # premises first, then hypotheses
     assert batch.transitions.shape == (4, 7)
     assert batch.tokens[1].tolist() == [6, 7, PAD_ID, PAD_ID]  # right-padded
-    assert batch.transitions[1].tolist() == [PAD_TRANSITION] * 4 + [S, S, R]  # left-padded
+    assert batch.transitions[1].tolist() == [S, S, R] + [PAD_TRANSITION] * 4  # own steps first, then padding
     assert batch.transitions[0].tolist() == [S, S, R, S, S, R, R]
-    assert batch.transitions[3].tolist() == [PAD_TRANSITION] * 6 + [S]
+    assert batch.transitions[3].tolist() == [S] + [PAD_TRANSITION] * 6
     assert batch.labels.tolist() == [0, 2]
     assert padding_fraction(batch) == pytest.approx((0 + 4 + 2 + 6) / 28)
 
@@ -98,16 +110,16 @@ def binary_trees(draw, max_leaves: int = 12) -> str:
 
 @given(st.lists(st.tuples(binary_trees(), binary_trees()), min_size=1, max_size=6))
 @settings(max_examples=60, deadline=None)
-def test_every_row_is_its_transitions_after_a_padding_prefix(pairs):
+def test_every_row_is_its_transitions_then_padding(pairs):
     examples = [example(p, h) for p, h in pairs]
     batch = make_batch(examples)
     sentences = [e.premise_transitions for e in examples] + [e.hypothesis_transitions for e in examples]
     for row, original in enumerate(sentences):
         values = batch.transitions[row].tolist()
-        pad = len(values) - len(original)
-        assert values[:pad] == [PAD_TRANSITION] * pad
-        assert tuple(values[pad:]) == tuple(original)
-        check_transitions(values[pad:], int(batch.lengths[row]))
+        count = len(original)
+        assert values[count:] == [PAD_TRANSITION] * (len(values) - count)
+        assert tuple(values[:count]) == tuple(original)
+        check_transitions(values[:count], int(batch.lengths[row]))
 
 
 def test_bucket_batches_cover_every_example_once():
@@ -154,12 +166,19 @@ def test_read_refuses_bad_files(tmp_path):
 
 
 def test_read_prepared_parquet_matches_jsonl(tmp_path):
-    from spinn.prepare import prepare
+    from spinn.data.prepare import prepare
 
-    source = write_jsonl(tmp_path / "snli_1.0_dev.jsonl", [
-        {**record, "sentence1": " ".join(read_binary_parse(record["sentence1_binary_parse"])[0]),
-         "sentence2": " ".join(read_binary_parse(record["sentence2_binary_parse"])[0])}
-        for record in RECORDS])
+    source = write_jsonl(
+        tmp_path / "snli_1.0_dev.jsonl",
+        [
+            {
+                **record,
+                "sentence1": " ".join(read_binary_parse(record["sentence1_binary_parse"])[0]),
+                "sentence2": " ".join(read_binary_parse(record["sentence2_binary_parse"])[0]),
+            }
+            for record in RECORDS
+        ],
+    )
     summary = prepare(source, tmp_path / "prepared")
     assert read_raw_pairs(summary.output) == read_raw_pairs(source)
 

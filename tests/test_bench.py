@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn.bench import run_bench
+from spinn.bench import BenchSettings, run_bench
 from spinn.errors import SpinnError
-from spinn.transitions import read_binary_parse
+from spinn.trees.transitions import read_binary_parse
 
 ROOT = Path(__file__).resolve().parents[1]
 SNLI_DEV = ROOT.parent / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
@@ -26,8 +26,20 @@ PARSES = [
     ("( ( The kids ) play )", "Kids", "entailment"),
     ("( ( A woman ) ( ( is singing ) . ) )", "( ( A person ) sings )", "entailment"),
 ]
-SETTINGS_ECHOED = ("variant", "mode", "batch_size", "d_hidden", "d_tracker", "d_embed", "steps", "warmup", "device",
-                   "impl", "compose", "amp", "compile", "seed")
+SETTINGS_ECHOED = (
+    "variant",
+    "mode",
+    "batch_size",
+    "d_hidden",
+    "d_tracker",
+    "d_embed",
+    "steps",
+    "warmup",
+    "device",
+    "impl",
+    "amp",
+    "seed",
+)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -39,17 +51,29 @@ def corpus(tmp_path: Path) -> Path:
     path = tmp_path / "snli_1.0_dev.jsonl"
     lines = []
     for number, (premise, hypothesis, label) in enumerate(PARSES):
-        lines.append(json.dumps({
-            "gold_label": label, "pairID": f"pair{number}",
-            "sentence1": " ".join(read_binary_parse(premise)[0]), "sentence1_binary_parse": premise,
-            "sentence2": " ".join(read_binary_parse(hypothesis)[0]), "sentence2_binary_parse": hypothesis,
-        }))
+        lines.append(
+            json.dumps(
+                {
+                    "gold_label": label,
+                    "pairID": f"pair{number}",
+                    "sentence1": " ".join(read_binary_parse(premise)[0]),
+                    "sentence1_binary_parse": premise,
+                    "sentence2": " ".join(read_binary_parse(hypothesis)[0]),
+                    "sentence2_binary_parse": hypothesis,
+                }
+            )
+        )
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path
 
 
+def bench(corpus: Path, **settings) -> dict:
+    """run_bench on settings validated as the CLI validates them (a problem is a SpinnError)."""
+    return run_bench(BenchSettings.build({"corpus": corpus, **settings}))
+
+
 def test_reports_measurements_and_echoes_settings(corpus):
-    result = run_bench(corpus, **TINY)
+    result = bench(corpus, **TINY)
     assert result["pairs_per_second"] > 0 and result["seconds"] > 0
     assert result["peak_memory_bytes"] > 10_000_000 and result["peak_memory_kind"] == "process_peak_rss"
     assert result["timed_pairs"] == TINY["steps"] * TINY["batch_size"]
@@ -58,70 +82,90 @@ def test_reports_measurements_and_echoes_settings(corpus):
     assert result["threads"] == torch.get_num_threads()
     assert result["transitions"] == "gold"
     for name in SETTINGS_ECHOED:
-        assert result[name] == {**TINY, "variant": "pi", "mode": "train", "device": "cpu", "impl": "fast",
-                                "compose": "needed", "amp": False, "compile": False, "seed": 0}[name], name
+        assert (
+            result[name]
+            == {
+                **TINY,
+                "variant": "pi",
+                "mode": "train",
+                "device": "cpu",
+                "impl": "fast",
+                "amp": False,
+                "seed": 0,
+            }[name]
+        ), name
     json.dumps(result)
 
 
 @pytest.mark.parametrize("variant", ["pi-nt", "pi", "spinn"])
-@pytest.mark.parametrize("mode", ["train", "infer"])
-@pytest.mark.parametrize("impl, compose", [("fast", "needed"), ("fast", "all"), ("reference", "needed")])
-def test_every_combination_runs(corpus, variant, mode, impl, compose):
-    result = run_bench(corpus, variant=variant, mode=mode, impl=impl, compose=compose, **TINY)
+@pytest.mark.parametrize("mode", ["train", "infer", "loop"])
+@pytest.mark.parametrize("impl", ["fast", "reference"])
+def test_every_combination_runs(corpus, variant, mode, impl):
+    if mode == "loop" and impl == "reference":
+        pytest.skip("the loop runs the fast implementation only")
+    result = bench(corpus, variant=variant, mode=mode, impl=impl, **TINY)
     assert result["pairs_per_second"] > 0
     predicted = variant == "spinn" and mode == "infer" and impl == "fast"
     assert result["transitions"] == ("predicted" if predicted else "gold")
 
 
 def test_resamples_to_the_requested_number_of_pairs(corpus):
-    result = run_bench(corpus, pairs=40, **{**TINY, "batch_size": 8, "steps": 6})
+    result = bench(corpus, pairs=40, **{**TINY, "batch_size": 8, "steps": 6})
     assert result["pairs"] == 40
     assert result["timed_pairs"] == 48  # 5 batches per epoch; the steps cycle into the next one
 
 
 def test_threads_option_is_reported_and_restored(corpus):
     before = torch.get_num_threads()
-    assert run_bench(corpus, threads=2, **TINY)["threads"] == 2
+    assert bench(corpus, threads=2, **TINY)["threads"] == 2
     assert torch.get_num_threads() == before
 
 
 def test_bf16_autocast_runs_on_cpu(corpus):
-    assert run_bench(corpus, amp=True, **TINY)["amp"] is True
+    assert bench(corpus, amp=True, **TINY)["amp"] is True
 
 
 def test_reads_a_prepared_parquet_split(corpus, tmp_path):
-    from spinn.prepare import prepare
+    from spinn.data.prepare import prepare
 
     prepared = prepare(corpus, tmp_path / "prepared").output
-    assert run_bench(prepared, **TINY)["pairs"] == len(PARSES)
+    assert bench(prepared, **TINY)["pairs"] == len(PARSES)
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"mode": "fit"}, "--mode"), ({"impl": "slow"}, "--impl"), ({"device": "tpu"}, "--device"),
-    ({"steps": 0}, "--steps"), ({"pairs": 0}, "--pairs"), ({"threads": 0}, "--threads"),
-    ({"variant": "rnn"}, "variant"), ({"variant": "rl", "impl": "reference"}, "reference"),
-    ({"compose": "some"}, "compose"),
-    ({"impl": "reference", "compose": "all"}, "--compose all applies to --impl fast"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"mode": "fit"}, "mode: Input should be 'train', 'infer' or 'loop'"),
+        ({"mode": "loop", "impl": "reference"}, "the loop mode runs the training loop"),
+        ({"profile": True}, "profile measures GPU kernels; it needs device cuda"),
+        ({"impl": "slow"}, "impl: Input should be 'fast' or 'reference'"),
+        ({"device": "tpu"}, "device: Input should be 'cpu' or 'cuda'"),
+        ({"steps": 0}, "steps: Input should be greater than or equal to 1"),
+        ({"pairs": 0}, "pairs: Input should be greater than or equal to 1"),
+        ({"threads": 0}, "threads: Input should be greater than or equal to 1"),
+        ({"variant": "rnn"}, "variant: Input should be"),
+        ({"variant": "rl", "impl": "reference"}, "variant rl has no reference implementation"),
+    ],
+)
 def test_bad_options_are_user_errors(corpus, options, message):
     with pytest.raises(SpinnError, match=message):
-        run_bench(corpus, **{**TINY, **options})
+        bench(corpus, **{**TINY, **options})
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
 def test_cuda_without_a_gpu_is_a_user_error(corpus):
     with pytest.raises(SpinnError, match="no CUDA"):
-        run_bench(corpus, device="cuda", **TINY)
+        bench(corpus, device="cuda", **TINY)
 
 
 def test_missing_corpus_is_a_user_error(tmp_path):
     with pytest.raises(SpinnError, match="no such file"):
-        run_bench(tmp_path / "nothing.jsonl", **TINY)
+        bench(tmp_path / "nothing.jsonl", **TINY)
 
 
 @pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
 def test_real_dev_trees(tmp_path):
-    result = run_bench(SNLI_DEV, **{**TINY, "batch_size": 32})
+    result = bench(SNLI_DEV, **{**TINY, "batch_size": 32})
     assert result["pairs"] == 10_000 - 158
     assert 0 < result["mean_padding_fraction"] < 0.5
 
@@ -130,8 +174,23 @@ def test_gpu_script_is_one_runnable_command():
     assert os.access(GPU_SCRIPT, os.X_OK)
     assert subprocess.run(["bash", "-n", str(GPU_SCRIPT)], check=False).returncode == 0
     text = GPU_SCRIPT.read_text()
-    for setting in ("550152", "BATCH:-256", 'variant="pi"', "d_hidden=300", '"reference"', '"infer"', '"train"'):
-        assert setting in text
+    for setting in (
+        "550152",
+        'variant="pi"',
+        "d_hidden=300",
+        'impl="reference"',
+        'mode="infer"',
+        "amp=True",
+        'mode="loop"',
+        "GPU_BATCH_SIZE",
+        "profile=True",
+        "count_ops=True",
+    ):
+        assert setting in text, setting
+    for row in ("train 256", "train 1024", "infer 1024 bf16", "loop 256", "loop shipped", "reference 256"):
+        assert f'"{row}": bench("{row}"' in text, row  # every row of the issue's table is measured
+    program = text.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
+    compile(program, "gpu_bench.sh", "exec")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
@@ -145,5 +204,26 @@ def test_gpu_script_says_why_it_stops_without_cuda(tmp_path):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_run_reports_cuda_memory(corpus):
-    result = run_bench(corpus, device="cuda", amp=True, **TINY)
+    result = bench(corpus, device="cuda", amp=True, **TINY)
     assert result["peak_memory_kind"] == "cuda_max_memory_allocated" and result["peak_memory_bytes"] > 0
+
+
+def test_counts_ops_and_syncs_per_step(corpus):
+    """The CPU-measurable proxy for GPU speed, printed by the bench on any machine."""
+    result = bench(corpus, variant="spinn", count_ops=True, **TINY)
+    assert result["syncs_per_step"] == 0 and result["sync_ops"] == {}
+    assert 0 < result["ops_per_transition_step"] < result["ops_per_step"]
+    assert result["ops_per_step"] == pytest.approx(result["ops_per_transition_step"] * result["mean_transition_steps"])
+    assert [name for name, _ in result["top_ops"]]
+    json.dumps(result)
+
+
+def test_cli_count_ops_line(corpus):
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    options = [f"--{key.replace('_', '-')}={value}" for key, value in TINY.items()]
+    result = CliRunner().invoke(main, ["bench", "--corpus", str(corpus), "--count-ops", *options])
+    assert result.exit_code == 0, result.output
+    assert "aten ops per transition step" in result.output and "host syncs per step" in result.output

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from spinn.agreement import binarization_agreement
-from spinn.binarize import basic_category, binarize, find_head
-from spinn.transitions import parse_binary
-from spinn.trees import format_binary, parse_ptb
+from spinn.data.agreement import binarization_agreement
+from spinn.trees.binarize import basic_category, binarize, find_head
+from spinn.trees.transitions import parse_binary
+from spinn.trees.tree import format_binary, parse_ptb
 
 
 def binary(ptb: str) -> str:

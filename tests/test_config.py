@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
-from spinn.config import PAPER_OPTIMIZATION, TrainConfig, load_train_config
 from spinn.errors import SpinnError
-from spinn.model import PRESETS
+from spinn.model.config import PRESETS
+from spinn.settings import overrides_from
+from spinn.training.config import PAPER_OPTIMIZATION, TrainConfig
 
+RELEASE_0_1 = Path(__file__).parent / "fixtures" / "release-0.1.0"
 PARAMS = """
 embeddings:
   source: glove-6b-50d
@@ -20,55 +25,72 @@ train:
 """
 
 
+def load(path: Path | None = None, *overrides: str) -> TrainConfig:
+    return TrainConfig.from_params(path, overrides_from(overrides))
+
+
 def test_params_sections_and_paper_defaults(tmp_path):
     (tmp_path / "params.yaml").write_text(PARAMS)
-    config = load_train_config(tmp_path / "params.yaml")
-    assert config.batch_size == 64 and config.oov == "zeros"
+    config = load(tmp_path / "params.yaml")
+    assert config.batch_size == 64 and config.embeddings.oov == "zeros"
     assert config.model.variant == "spinn" and config.model.d_hidden == 100
     assert config.model.d_tracker == PRESETS["spinn-300d"].d_tracker == 79  # the paper's tracker size
     assert (config.learning_rate, config.weight_decay) == PAPER_OPTIMIZATION["spinn"]
 
 
-@pytest.mark.parametrize("variant", ["cbow", "pi-nt", "pi", "spinn"])
+@pytest.mark.parametrize("variant", ["cbow", "pi-nt", "pi", "spinn", "rl"])
 def test_each_variant_gets_its_paper_optimizer(variant):
-    config = load_train_config(None, [f"model.variant={variant}"])
+    config = load(None, f"model.variant={variant}")
     assert (config.learning_rate, config.weight_decay) == PAPER_OPTIMIZATION[variant]
     assert config.model.variant == variant
 
 
 def test_overrides_win_and_parse_as_yaml(tmp_path):
     (tmp_path / "params.yaml").write_text(PARAMS)
-    config = load_train_config(tmp_path / "params.yaml", ["learning_rate=0.01", "max_steps=null",
-                                                          "model.d_hidden=8", "amp=false"])
+    config = load(tmp_path / "params.yaml", "learning_rate=0.01", "max_steps=null", "model.d_hidden=8", "amp=false")
     assert config.learning_rate == 0.01 and config.max_steps is None and config.model.d_hidden == 8
     assert config.amp is False
 
 
 def test_round_trip_through_a_checkpoint_dict():
-    config = load_train_config(None, ["model.variant=pi", "seed=9"])
+    config = load(None, "model.variant=pi", "seed=9")
     assert TrainConfig.from_dict(config.to_dict()) == config
-    assert config.flat()["model.variant"] == "pi"
+    assert config.flat()["model.variant"] == "pi" and config.flat()["embeddings.source"] == "glove-6b-50d"
+
+
+def test_a_release_0_1_config_reads_with_its_vectors_settings():
+    """0.1 stored the word-vector settings as flat train fields; they come back as the embeddings section."""
+    stored = json.loads((RELEASE_0_1 / "config.json").read_text())
+    assert {"embeddings", "oov", "embeddings_seed"} <= set(stored) and isinstance(stored["embeddings"], str)
+    config = TrainConfig.from_dict(stored)
+    assert (config.embeddings.source, config.embeddings.oov, config.embeddings.seed) == (
+        stored["embeddings"],
+        stored["oov"],
+        stored["embeddings_seed"],
+    )
+    assert config.model.d_hidden == stored["model"]["d_hidden"] and config.batch_size == stored["batch_size"]
 
 
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["colour=blue"], r"unknown train settings \['colour'\]"),
-        (["model.depth=3"], r"unknown train.model settings \['depth'\]"),
-        (["model.variant=lstm"], "variant must be one of"),
-        (["oov=mean"], "oov must be one of"),
-        (["batch_size=0"], "batch_size must be at least 1"),
+        (["colour=blue"], r"colour: unknown setting"),
+        (["model.depth=3"], r"model.depth: unknown setting"),
+        (["model.variant=lstm"], r"model.variant: Input should be 'pi-nt', 'pi', 'spinn', 'rl' or 'cbow'"),
+        (["embeddings.oov=mean"], r"embeddings.oov: Input should be 'zeros' or 'random'"),
+        (["batch_size=0"], r"batch_size: must be at least 1 \(got 0\)"),
+        (["batch_size=many"], r"batch_size: must be a number of pairs or 'auto' \(got 'many'\)"),
         (["no-equals"], "expected KEY=VALUE"),
     ],
 )
 def test_bad_settings_are_named(overrides, message):
     with pytest.raises(SpinnError, match=message):
-        load_train_config(None, overrides)
+        load(None, *overrides)
 
 
 def test_bad_params_file(tmp_path):
     (tmp_path / "params.yaml").write_text("train: [unclosed")
     with pytest.raises(SpinnError, match="not valid YAML"):
-        load_train_config(tmp_path / "params.yaml")
+        load(tmp_path / "params.yaml")
     with pytest.raises(SpinnError, match="no such params file"):
-        load_train_config(tmp_path / "missing.yaml")
+        load(tmp_path / "missing.yaml")

@@ -1,4 +1,4 @@
-"""Tests for spinn.download: every path runs offline against a local HTTP server."""
+"""Tests for spinn.data.download: every path runs offline against a local HTTP server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spinn.download import CORPORA, Checksum, DownloadResult, download_corpus, extract_zip
+from spinn.data.download import CORPORA, Checksum, DownloadResult, download_corpus, extract_zip
 from spinn.errors import SpinnError
 from tests.httpserver import LocalServer
 
@@ -58,8 +58,6 @@ def assert_one_line(error: pytest.ExceptionInfo[SpinnError]) -> str:
 
 
 ARCHIVE = make_zip(MEMBERS, junk=True)
-
-
 
 
 @pytest.fixture
@@ -311,8 +309,18 @@ def test_checksum_parse_accepts(text: str, expected: Checksum) -> None:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "sha256:", "sha1:" + "a" * 40, "sha256:" + "a" * 32, "md5:" + "a" * 64, "a" * 40, "g" * 64,
-     "sha256:" + "g" * 64, "sha256:\n" + "a" * 64, "crc32:deadbeef"],
+    [
+        "",
+        "sha256:",
+        "sha1:" + "a" * 40,
+        "sha256:" + "a" * 32,
+        "md5:" + "a" * 64,
+        "a" * 40,
+        "g" * 64,
+        "sha256:" + "g" * 64,
+        "sha256:\n" + "a" * 64,
+        "crc32:deadbeef",
+    ],
 )
 def test_checksum_parse_rejects(text: str) -> None:
     with pytest.raises(SpinnError, match="expected 'sha256:'") as error:

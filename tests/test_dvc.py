@@ -31,9 +31,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spinn.download import file_digest
-from spinn.schema import NO_CONSENSUS_LABEL
-from spinn.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
+from spinn.data.schema import NO_CONSENSUS_LABEL
+from spinn.data.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
+from spinn.io import file_digest
 from tests.checkout import copy_checkout
 from tests.httpserver import LocalServer
 
@@ -58,8 +58,12 @@ TINY_TRAIN = {
 """A few seconds of CPU training: enough for checkpoints, curves and a registered model."""
 STEP_INCREASE = 10
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
-GIT_IDENTITY = {"GIT_AUTHOR_NAME": "spinn tests", "GIT_AUTHOR_EMAIL": "tests@spinn.invalid",
-                "GIT_COMMITTER_NAME": "spinn tests", "GIT_COMMITTER_EMAIL": "tests@spinn.invalid"}
+GIT_IDENTITY = {
+    "GIT_AUTHOR_NAME": "spinn tests",
+    "GIT_AUTHOR_EMAIL": "tests@spinn.invalid",
+    "GIT_COMMITTER_NAME": "spinn tests",
+    "GIT_COMMITTER_EMAIL": "tests@spinn.invalid",
+}
 RUNNING_STAGE = "Running stage '"
 UP_TO_DATE = "Data and pipelines are up to date."
 
@@ -111,8 +115,11 @@ def output_of(result: subprocess.CompletedProcess[str]) -> str:
 
 def stages_run(result: subprocess.CompletedProcess[str]) -> list[str]:
     """The stages a `dvc repro` says it ran, in order."""
-    return [line.split(RUNNING_STAGE, 1)[1].split("'", 1)[0]
-            for line in output_of(result).splitlines() if RUNNING_STAGE in line]
+    return [
+        line.split(RUNNING_STAGE, 1)[1].split("'", 1)[0]
+        for line in output_of(result).splitlines()
+        if RUNNING_STAGE in line
+    ]
 
 
 def sha256(path: Path) -> str:
@@ -139,19 +146,21 @@ def command_env(workdir: Path, repo: Path, mirror_url: str, corpus: Path) -> dic
     """os.environ, off the network and the user's git and tool settings, pointed at the mirror."""
     env = {key: value for key, value in os.environ.items() if key not in PROXY_VARIABLES}
     env.update(GIT_IDENTITY)
-    env.update({
-        "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
-        "PYTHONPATH": str(repo),  # run the copy's spinn, the code its stages depend on
-        "NO_PROXY": "127.0.0.1,localhost",
-        "no_proxy": "127.0.0.1,localhost",
-        "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
-        "DVC_NO_ANALYTICS": "1",
-        "DVC_SITE_CACHE_DIR": str(workdir / "dvc-site-cache"),
-        "GIT_CONFIG_GLOBAL": os.devnull,
-        "GIT_CONFIG_NOSYSTEM": "1",
-        "SPINN_DOWNLOAD_URL": mirror_url,
-        "SPINN_DOWNLOAD_CHECKSUM": f"sha256:{file_digest(corpus, 'sha256')}",
-    })
+    env.update(
+        {
+            "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
+            "PYTHONPATH": str(repo),  # run the copy's spinn, the code its stages depend on
+            "NO_PROXY": "127.0.0.1,localhost",
+            "no_proxy": "127.0.0.1,localhost",
+            "MLFLOW_TRACKING_URI": f"sqlite:///{workdir / 'mlflow.db'}",
+            "DVC_NO_ANALYTICS": "1",
+            "DVC_SITE_CACHE_DIR": str(workdir / "dvc-site-cache"),
+            "GIT_CONFIG_GLOBAL": os.devnull,
+            "GIT_CONFIG_NOSYSTEM": "1",
+            "SPINN_DOWNLOAD_URL": mirror_url,
+            "SPINN_DOWNLOAD_CHECKSUM": f"sha256:{file_digest(corpus, 'sha256')}",
+        }
+    )
     env.pop("SPINN_DOWNLOAD_FILE", None)
     return env
 
@@ -220,6 +229,21 @@ def test_second_repro_of_a_committed_tree_is_a_no_op(project: Project):
     assert run(["git", "status", "--porcelain"], project.repo, project.env).stdout == ""
 
 
+def test_touching_any_module_the_train_stage_imports_marks_it_changed(project: Project):
+    """A module reached only through other imports (the policy, through the model) counts like the stage's own."""
+    repo, env = project.repo, project.env
+    for module in ("spinn/model/policy.py", "spinn/training/evaluate.py", "spinn/model/checkpoint.py"):
+        path = repo / module
+        original = path.read_text(encoding="utf-8")
+        path.write_text(original + "\n# touched\n", encoding="utf-8")
+        try:
+            status = json.loads(run(["dvc", "status", "--json"], repo, env).stdout)
+        finally:
+            path.write_text(original, encoding="utf-8")
+        assert {"train", "evaluate"} <= set(status), f"{module}: {status}"
+    assert UP_TO_DATE in output_of(run(["dvc", "status"], repo, env))
+
+
 def test_changing_a_train_param_reruns_only_train_and_evaluate(project: Project):
     repo, env = project.repo, project.env
     steps = read_json(repo / TRAIN_METRICS)["steps"] + STEP_INCREASE
@@ -229,7 +253,9 @@ def test_changing_a_train_param_reruns_only_train_and_evaluate(project: Project)
     diff = json.loads(run(["dvc", "params", "diff", "--json"], repo, env).stdout)
     assert set(diff[PARAMS]) == {"train.max_steps"}, diff
     assert (diff[PARAMS]["train.max_steps"]["old"], diff[PARAMS]["train.max_steps"]["new"]) == (
-        steps - STEP_INCREASE, steps), diff
+        steps - STEP_INCREASE,
+        steps,
+    ), diff
     rerun = run(["dvc", "repro"], repo, env)
     assert stages_run(rerun) == ["train", "evaluate"], output_of(rerun)
     assert read_json(repo / TRAIN_METRICS)["steps"] == steps

@@ -12,10 +12,10 @@ import numpy
 import pyarrow.parquet as pq
 import pytest
 
-import spinn.embeddings as embeddings
-from spinn.embeddings import GLOVE_6B_50D, EmbeddingReport, OOVPolicy, load_embeddings
+import spinn.data.embeddings as embeddings
+from spinn.data.embeddings import GLOVE_6B_50D, EmbeddingReport, OOVPolicy, load_embeddings
+from spinn.data.vocab import PAD_ID, SPECIALS, UNK_ID, Vocabulary
 from spinn.errors import SpinnError
-from spinn.vocab import PAD_ID, SPECIALS, UNK_ID, Vocabulary
 from tests.httpserver import LocalServer
 
 TINY_DIM = 3
@@ -106,8 +106,6 @@ def cache(tmp_path: Path) -> Path:
     return tmp_path / "cache"
 
 
-
-
 @pytest.fixture(scope="module")
 def package_vectors() -> dict[str, numpy.ndarray]:
     """The wheel's own rows for the test words, looked up independently of the module under test."""
@@ -129,8 +127,9 @@ def test_packaged_source_gives_the_package_rows_and_zeros_for_oov(package_vector
         assert numpy.array_equal(matrix[vocabulary.index[word]], expected)
     assert not rows(matrix, vocabulary, PACKAGED_MISSING).any()
     assert not matrix[[PAD_ID, UNK_ID]].any()
-    assert report == EmbeddingReport(GLOVE_6B_50D, 50, len(vocabulary), len(PACKAGED_WORDS),
-                                     len(PACKAGED_MISSING), None, False, 0)
+    assert report == EmbeddingReport(
+        GLOVE_6B_50D, 50, len(vocabulary), len(PACKAGED_WORDS), len(PACKAGED_MISSING), None, False, 0
+    )
     assert report.coverage == pytest.approx(len(PACKAGED_WORDS) / (len(PACKAGED_WORDS) + len(PACKAGED_MISSING)))
 
 
@@ -161,7 +160,11 @@ def test_text_file_lowercase_vocabulary(tmp_path: Path, writer: str) -> None:
     assert numpy.array_equal(rows(matrix, vocabulary, list(LOWER_EXPECTED)), expected)
     assert not rows(matrix, vocabulary, LOWER_MISSING).any() and not matrix[[PAD_ID, UNK_ID]].any()
     assert (report.dim, report.found, report.oov, report.skipped_lines) == (
-        TINY_DIM, len(LOWER_EXPECTED), len(LOWER_MISSING), TINY_SKIPPED)
+        TINY_DIM,
+        len(LOWER_EXPECTED),
+        len(LOWER_MISSING),
+        TINY_SKIPPED,
+    )
 
 
 def test_text_file_cased_vocabulary_matches_exactly_then_falls_back_to_lowercase(tiny: Path) -> None:
@@ -173,11 +176,14 @@ def test_text_file_cased_vocabulary_matches_exactly_then_falls_back_to_lowercase
     assert (report.found, report.oov) == (len(CASED_EXPECTED), len(CASED_MISSING))
 
 
-@pytest.mark.parametrize(("text", "line"), [
-    (b"the 0.1 abc\ncat 0.1 0.2\n", 1),
-    (b"\nthe 0.1 0.2 0.3 nan\ncat 0.1 0.2 0.3 0.4\n", 2),
-    (b"400000 50\nthe 0.1 0.2\n", 1),
-])
+@pytest.mark.parametrize(
+    ("text", "line"),
+    [
+        (b"the 0.1 abc\ncat 0.1 0.2\n", 1),
+        (b"\nthe 0.1 0.2 0.3 nan\ncat 0.1 0.2 0.3 0.4\n", 2),
+        (b"400000 50\nthe 0.1 0.2\n", 1),
+    ],
+)
 def test_malformed_first_line_names_file_and_line(tmp_path: Path, text: bytes, line: int) -> None:
     path = write_plain(tmp_path / "bad", text)
     with pytest.raises(SpinnError, match=f"line {line}") as error:
@@ -219,8 +225,9 @@ def test_local_file_with_wrong_checksum_is_refused(tiny: Path, cache: Path) -> N
     assert not list(cache.glob("*.npy"))
 
 
-def test_second_call_loads_the_cache_without_reading_the_source(tiny: Path, cache: Path,
-                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_second_call_loads_the_cache_without_reading_the_source(
+    tiny: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     vocabulary = lower_vocab()
     first, report = load_embeddings(str(tiny), vocabulary, cache_dir=cache, progress=False)
     assert report.from_cache is False and report.cache_path.is_file()

@@ -1,7 +1,7 @@
 """The Prefect flows end to end against a real Prefect server, a real MLflow store and the smoke corpus.
 
 One module fixture runs train-spinn once on the synthetic SNLI-format corpus
-(spinn.smoke) with a small model; the tests then check what that run left
+(spinn.data.smoke) with a small model; the tests then check what that run left
 behind (Parquet, checkpoint, metrics JSON, the MLflow run, the registered
 version, the Prefect artifacts) and what reruns do: everything cached, a
 deleted output rebuilt, nothing registered twice.
@@ -19,16 +19,29 @@ from uuid import UUID
 import pytest
 from pydantic import ValidationError
 
-from flows.settings import CorpusSettings, EvaluateSettings, TrainSettings
-from spinn.download import file_digest
-from spinn.smoke import write_smoke_corpus
+from flows.settings import CorpusRequest, EvaluateRequest, TrainRequest
+from spinn.data.smoke import write_smoke_corpus
+from spinn.io import file_digest
+from spinn.settings import nest
 from tests.checkout import copy_checkout
 
 pytestmark = pytest.mark.slow
 
-SMALL_TRAINING = {"model.variant": "spinn", "model.d_hidden": 16, "model.d_tracker": 8, "model.mlp_dim": 16,
-                  "batch_size": 32, "max_steps": 24, "eval_every": 8, "log_every": 4, "checkpoint_every": 8,
-                  "device": "cpu", "threads": 1, "experiment": "flow-test", "registered_model": "flow-test"}
+SMALL_TRAINING = {
+    "model.variant": "spinn",
+    "model.d_hidden": 16,
+    "model.d_tracker": 8,
+    "model.mlp_dim": 16,
+    "batch_size": 32,
+    "max_steps": 24,
+    "eval_every": 8,
+    "log_every": 4,
+    "checkpoint_every": 8,
+    "device": "cpu",
+    "threads": 1,
+    "experiment": "flow-test",
+    "registered_model": "flow-test",
+}
 STAGE_TASKS = {"download", "prepare-train", "prepare-dev", "prepare-test", "vocab", "embeddings", "train", "evaluate"}
 CACHED = "Cached"
 VENV_BIN = Path(sys.executable).parent
@@ -44,10 +57,17 @@ def project(tmp_path_factory, prefect_api) -> dict:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
         patch.chdir(root)  # MLflow puts a new experiment's artifacts under ./mlruns: keep them out of the checkout
-        yield {"root": root, "archive": archive,
-               "corpus": CorpusSettings(file=archive, checksum=f"sha256:{file_digest(archive, 'sha256')}",
-                                        data_dir=root / "data", workers=1),
-               "training": TrainSettings(config=None, overrides=SMALL_TRAINING)}
+        yield {
+            "root": root,
+            "archive": archive,
+            "corpus": CorpusRequest(
+                params=None,
+                data_dir=root / "data",
+                download={"file": archive, "checksum": f"sha256:{file_digest(archive)}"},
+                prepare={"workers": 1},
+            ),
+            "training": TrainRequest(params=None, settings=nest(SMALL_TRAINING.items())),
+        }
 
 
 @pytest.fixture(scope="module")
@@ -59,20 +79,25 @@ def first_run(project):
     return state
 
 
-def stage_states(flow_run_id: UUID) -> dict[str, list[str]]:
-    """Task run name -> its runs' state names in start order, over the flow run and its subflows."""
+def with_subflows(flow_run_id: UUID) -> list[UUID]:
+    """The flow run and its subflow runs (prepare-corpus runs as a subflow of train-spinn)."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import (
-        FlowRunFilter,
-        FlowRunFilterId,
-        FlowRunFilterParentFlowRunId,
-    )
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
 
     with get_client(sync_client=True) as client:
         children = client.read_flow_runs(
-            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])))
-        ids = [flow_run_id, *(child.id for child in children)]
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)))
+            flow_run_filter=FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id]))
+        )
+    return [flow_run_id, *(child.id for child in children)]
+
+
+def stage_states(flow_run_id: UUID) -> dict[str, list[str]]:
+    """Task run name -> its runs' state names in start order, over the flow run and its subflows."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    with get_client(sync_client=True) as client:
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=with_subflows(flow_run_id))))
     states: dict[str, list[str]] = {}
     for run in sorted(runs, key=lambda run: run.expected_start_time):
         states.setdefault(run.name, []).append(run.state.name)
@@ -101,17 +126,46 @@ def test_train_spinn_leaves_data_model_metrics_and_a_registered_version(project,
     assert stage_states(first_run.state_details.flow_run_id).keys() >= STAGE_TASKS
 
 
-def test_the_prefect_run_shows_the_mlflow_run_and_its_metrics(first_run):
+def run_artifact(state, key: str, kind: str):
+    """The one artifact under `key` that the flow run or its subflows made; it must be of type `kind`."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
-    result = first_run.result()
     with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["spinn-training-run"])))
-    mine = [artifact for artifact in artifacts if artifact.flow_run_id == first_run.state_details.flow_run_id]
-    assert len(mine) == 1 and mine[0].type == "markdown"
-    assert result.run_id in mine[0].data and "test accuracy" in mine[0].data
-    assert f"models:/flow-test/{result.registered['version']}" in mine[0].data
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=[key]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=with_subflows(state.state_details.flow_run_id)),
+            )
+        )
+    assert [artifact.type for artifact in artifacts] == [kind]
+    return artifacts[0]
+
+
+def facts_table(state, key: str) -> dict:
+    return {row["fact"]: row["value"] for row in json.loads(run_artifact(state, key, "table").data)}
+
+
+def test_the_prefect_run_shows_the_mlflow_run_and_its_metrics(first_run):
+    result = first_run.result()
+    facts = facts_table(first_run, "spinn-training-run")
+    assert facts["MLflow run"] == result.run_id
+    assert facts["test accuracy"] == pytest.approx(result.test_metrics["accuracy"], abs=1e-4)
+    assert facts["registered model"].startswith(f"models:/flow-test/{result.registered['version']} ")
+    link = run_artifact(first_run, "spinn-training-run-link", "markdown").data
+    assert f"/#/experiments/{result.experiment_id}/runs/{result.run_id})" in link
+
+
+def test_the_prefect_run_shows_each_split_s_counts_and_the_vocabulary(project, first_run):
+    import pyarrow.parquet as pq
+
+    rows = json.loads(run_artifact(first_run, "spinn-prepared-corpus", "table").data)
+    prepared = project["root"] / "data" / "prepared"
+    assert [row["split"] for row in rows] == ["train", "dev", "test"]
+    assert all(row["written"] == pq.read_metadata(prepared / f"{row['split']}.parquet").num_rows for row in rows)
+    assert all(row["read"] == row["written"] + row["skipped (no consensus)"] + row["rejected"] for row in rows)
+    vocabulary = facts_table(first_run, "spinn-prepared-vocabulary")
+    assert vocabulary["vocabulary entries"] > 0 and 0.0 <= vocabulary["coverage"] <= 1.0
 
 
 def test_rerun_skips_every_finished_stage_and_registers_nothing_new(project, first_run):
@@ -144,10 +198,18 @@ def test_evaluate_spinn_scores_the_registered_champion(project, first_run):
     from flows.evaluate_spinn import evaluate_spinn
 
     output = project["root"] / "eval" / "champion.json"
-    settings = EvaluateSettings(model="models:/flow-test@champion", output=output,
-                                data=project["root"] / "data" / "prepared" / "test.parquet", device="cpu")
-    evaluated = evaluate_spinn(settings)
+    settings = EvaluateRequest(
+        params=None,
+        model="models:/flow-test@champion",
+        output=output,
+        data=project["root"] / "data" / "prepared" / "test.parquet",
+        settings={"device": "cpu"},
+    )
+    state = evaluate_spinn(settings, return_state=True)
+    evaluated = state.result()
     assert evaluated["accuracy"] == pytest.approx(first_run.result().test_metrics["accuracy"])
+    facts = facts_table(state, "spinn-evaluation")
+    assert facts["model"] == "models:/flow-test@champion" and facts["pairs"] == evaluated["examples"]
     assert json.loads(output.read_text())["model"] == "models:/flow-test@champion"
     assert (output.parent / "champion_predictions.csv").is_file()
 
@@ -162,9 +224,13 @@ def test_download_is_retried_and_resumes_after_a_dropped_connection(tmp_path, se
     server.state.files["/snli_1.0.zip"] = payload
     server.state.cuts["/snli_1.0.zip"] = Cut(after=len(payload) // 3, times=1)
     monkeypatch.setattr(tasks, "download_stage", tasks.download_stage.with_options(retry_delay_seconds=0))
-    corpus = CorpusSettings(url=server.url("/snli_1.0.zip"), checksum=f"sha256:{file_digest(archive, 'sha256')}",
-                            data_dir=tmp_path / "data", workers=1)
-    prepared = prepare_corpus(corpus, TrainSettings(config=None))
+    corpus = CorpusRequest(
+        params=None,
+        data_dir=tmp_path / "data",
+        download={"url": server.url("/snli_1.0.zip"), "checksum": f"sha256:{file_digest(archive)}"},
+        prepare={"workers": 1},
+    )
+    prepared = prepare_corpus(corpus)
     assert prepared.counts["train"]["written"] > 0
     ranges = [request.range for request in server.state.seen if request.method == "GET"]
     assert ranges == [None, f"bytes={len(payload) // 3}-"]
@@ -174,20 +240,27 @@ def test_a_wrong_checksum_is_not_retried(tmp_path, server, prefect_api):
     from flows.prepare_corpus import prepare_corpus
 
     server.state.files["/snli_1.0.zip"] = write_smoke_corpus(tmp_path / "mirror.zip").read_bytes()
-    corpus = CorpusSettings(url=server.url("/snli_1.0.zip"), checksum="sha256:" + "0" * 64, data_dir=tmp_path / "d")
-    state = prepare_corpus(corpus, TrainSettings(config=None), return_state=True)
+    corpus = CorpusRequest(
+        params=None,
+        data_dir=tmp_path / "d",
+        download={"url": server.url("/snli_1.0.zip"), "checksum": "sha256:" + "0" * 64},
+    )
+    state = prepare_corpus(corpus, return_state=True)
     assert state.is_failed() and "sha256 mismatch" in str(state.result(raise_on_failure=False))
     assert len([request for request in server.state.seen if request.method == "GET"]) == 1
 
 
-@pytest.mark.parametrize(("settings", "message"), [
-    (lambda: CorpusSettings(url="http://127.0.0.1/x.zip", file=Path("x.zip")), "not both"),
-    (lambda: CorpusSettings(checksum="sha256:xyz"), "checksum"),
-    (lambda: CorpusSettings(splits={"train": "a.jsonl"}), "missing ['dev', 'test']"),
-    (lambda: TrainSettings(config=None, overrides={"model.variant": "rnn"}), "train.model.variant must be one of"),
-    (lambda: TrainSettings(config=None, overrides={"max_stepz": 3}), "unknown train settings ['max_stepz']"),
-    (lambda: TrainSettings(config=Path("no/such/params.yaml")), "no such params file"),
-])
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (lambda: CorpusRequest(params=None, download={"url": "http://127.0.0.1/x.zip", "file": "x.zip"}), "not both"),
+        (lambda: CorpusRequest(params=None, download={"checksum": "sha256:xyz"}), "checksum 'sha256:xyz'"),
+        (lambda: CorpusRequest(params=None, prepare={"splits": {"train": "a.jsonl"}}), "missing ['dev', 'test']"),
+        (lambda: TrainRequest(params=None, settings={"model": {"variant": "rnn"}}), "Input should be 'pi-nt'"),
+        (lambda: TrainRequest(params=None, settings={"max_stepz": 3}), "max_stepz"),
+        (lambda: TrainRequest(params=Path("no/such/params.yaml")), "no such file"),
+    ],
+)
 def test_parameters_are_validated_with_messages_that_name_the_setting(settings, message):
     with pytest.raises(ValidationError, match=message.replace("[", r"\[").replace("]", r"\]")):
         settings()
@@ -199,8 +272,10 @@ def test_a_flow_run_with_bad_parameters_fails_before_any_work(tmp_path, prefect_
     from flows.train_spinn import train_spinn
 
     with pytest.raises(ParameterTypeError, match="max_stepz"):
-        train_spinn(training={"config": None, "overrides": {"max_stepz": 3}},
-                    corpus={"data_dir": str(tmp_path / "data")})
+        train_spinn(
+            training={"params": None, "settings": {"max_stepz": 3}},
+            corpus={"params": None, "data_dir": str(tmp_path / "data")},
+        )
     assert not (tmp_path / "data").exists()
 
 
@@ -211,25 +286,49 @@ def cli(arguments: list[str], cwd: Path, env: dict[str, str], timeout: float = C
 
 
 def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_run, tmp_path, prefect_api):
-    """prefect.yaml as shipped: create the pool, deploy, trigger through the API, let a worker run it."""
+    """prefect.yaml as shipped: create the pool, deploy, trigger train-spinn and evaluate-spinn through the API
+    with typed parameters, let a worker run them (the training run's stages hit the first run's cache)."""
     from prefect.client.orchestration import get_client
     from prefect.deployments import run_deployment
 
     checkout = copy_checkout(tmp_path / "checkout")
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-           "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"]}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": prefect_api,
+        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
+        "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"],
+    }
     cli(["prefect", "work-pool", "create", "spinn", "--type", "process"], checkout, env)
     cli(["prefect", "--no-prompt", "deploy", "--all"], checkout, env)
     with get_client(sync_client=True) as client:
         deployment = client.read_deployment_by_name("evaluate-spinn/default")
         labelling = client.read_deployment_by_name("label-pairs/inbox")
-    assert deployment.pull_steps == [{"prefect.deployments.steps.set_working_directory":
-                                      {"directory": str(checkout.resolve())}}]
+    assert deployment.pull_steps == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": str(checkout.resolve())}}
+    ]
     assert [schedule.schedule.cron for schedule in labelling.schedules] == ["*/15 * * * *"]
 
+    training_run = run_deployment(
+        "train-spinn/default",
+        parameters={
+            "corpus": project["corpus"].model_dump(mode="json", exclude_none=True),
+            "training": {"params": None, "settings": nest(SMALL_TRAINING.items()), "register_model": False},
+        },
+        timeout=0,
+    )
+    cli(["prefect", "worker", "start", "--pool", "spinn", "--run-once"], checkout, env, timeout=WORKER_TIMEOUT_S)
+    with get_client(sync_client=True) as client:
+        trained = client.read_flow_run(training_run.id)
+    assert trained.state.is_completed(), trained.state.message
+    assert trained.parameters["training"]["settings"]["model"]["variant"] == "spinn"
+
     output = tmp_path / "deployed" / "test.json"
-    evaluation = {"model": "models:/flow-test@champion", "device": "cpu", "output": str(output),
-                  "data": str(project["root"] / "data" / "prepared" / "test.parquet")}
+    evaluation = {
+        "model": "models:/flow-test@champion",
+        "settings": {"device": "cpu"},
+        "output": str(output),
+        "data": str(project["root"] / "data" / "prepared" / "test.parquet"),
+    }
     flow_run = run_deployment("evaluate-spinn/default", parameters={"evaluation": evaluation}, timeout=0)
     cli(["prefect", "worker", "start", "--pool", "spinn", "--run-once"], checkout, env, timeout=WORKER_TIMEOUT_S)
     with get_client(sync_client=True) as client:

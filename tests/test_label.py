@@ -15,22 +15,35 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import NoneType
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
-from spinn.label import LabelSettings, label, parts_folder, rejects_file
-from spinn.parse import ParserSettings
-from spinn.schema import LABELS
-from spinn.transitions import parse_binary
+from spinn.labeling.label import LabelSettings, label, parts_folder, rejects_file
+from spinn.parsing.parser import ParserSettings
+from spinn.trees.transitions import parse_binary, right_branching
 
 TOLERANCE = 1e-5
 KILL_SHARD_SIZE = 25
 KILL_AFTER_SHARDS = 2
 POLL_S = 0.05
 LABEL_TIMEOUT_S = 300
+CONCURRENT_ROWS = 300
+"""Enough rows that a run is still labelling when a second one starts beside it."""
+REJECT_TYPES = {
+    "file": str,
+    "line": int,
+    "row": int,
+    "field": (str, NoneType),  # None: the row as a whole is bad (not JSON, wrong field count)
+    "reason": str,
+    "message": str,
+    "raw": str,
+}
+"""Every record in a label run's rejects file: where the row is, which field failed, why, and the row as read."""
 
 
 def stanza_dir() -> Path:
@@ -43,8 +56,10 @@ def stanza_dir() -> Path:
 def smoke_pairs(smoke_model, count: int) -> list[dict]:
     """The first `count` smoke test pairs as plain rows (id, premise, hypothesis, gold label)."""
     table = pq.read_table(smoke_model.prepared / "test.parquet", columns=["pair_id", "premise", "hypothesis", "label"])
-    return [{"id": row["pair_id"], "premise": row["premise"], "hypothesis": row["hypothesis"], "label": row["label"]}
-            for row in table.to_pylist()[:count]]
+    return [
+        {"id": row["pair_id"], "premise": row["premise"], "hypothesis": row["hypothesis"], "label": row["label"]}
+        for row in table.to_pylist()[:count]
+    ]
 
 
 def write_rows(path: Path, rows: list[dict]) -> Path:
@@ -77,7 +92,7 @@ def test_every_row_comes_out_once_with_its_id_label_probabilities_and_trees(smok
     labelled = read_output(tmp_path / "out.parquet")
     assert summary.labelled == len(labelled) == len(rows) and summary.rejected == 0
     assert [row["pair_id"] for row in labelled] == [row["id"] for row in rows]
-    for row, given in zip(labelled, rows):
+    for row, given in zip(labelled, rows, strict=True):
         probabilities = [row[f"p_{name}"] for name in LABELS]
         assert sum(probabilities) == pytest.approx(1.0, abs=1e-5)
         assert row["label"] == LABELS[probabilities.index(max(probabilities))]
@@ -87,11 +102,12 @@ def test_every_row_comes_out_once_with_its_id_label_probabilities_and_trees(smok
 
 
 def test_stanza_trees_feed_the_model_and_are_recorded(smoke_model, tmp_path):
-    from spinn.parse import SentenceParser
+    from spinn.parsing.parser import SentenceParser
 
     rows = smoke_pairs(smoke_model, 12)
-    label(write_rows(tmp_path / "pairs.jsonl", rows), smoke_model.checkpoint, tmp_path / "out.parquet",
-          settings(tmp_path))
+    label(
+        write_rows(tmp_path / "pairs.jsonl", rows), smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path)
+    )
     labelled = read_output(tmp_path / "out.parquet")
     parser = SentenceParser(ParserSettings(stanza_dir=stanza_dir(), cache_path=tmp_path / "parses.sqlite"))
     parsed = parser.parse(row["premise"] for row in rows)
@@ -104,38 +120,73 @@ def test_stanza_trees_feed_the_model_and_are_recorded(smoke_model, tmp_path):
 @pytest.mark.parametrize("parser", ["stanza", "model"])
 def test_labels_do_not_depend_on_batch_size(smoke_model, tmp_path, parser):
     source = write_rows(tmp_path / "pairs.parquet", smoke_pairs(smoke_model, 60))
-    one = label(source, smoke_model.checkpoint, tmp_path / "one.parquet", settings(tmp_path, parser=parser,
-                                                                                   batch_size=1))
-    many = label(source, smoke_model.checkpoint, tmp_path / "many.parquet", settings(tmp_path, parser=parser,
-                                                                                     batch_size=256))
+    one = label(
+        source, smoke_model.checkpoint, tmp_path / "one.parquet", settings(tmp_path, parser=parser, batch_size=1)
+    )
+    many = label(
+        source, smoke_model.checkpoint, tmp_path / "many.parquet", settings(tmp_path, parser=parser, batch_size=256)
+    )
     assert one.labelled == many.labelled == 60
     first, second = read_output(tmp_path / "one.parquet"), read_output(tmp_path / "many.parquet")
     assert [row["label"] for row in first] == [row["label"] for row in second]
     assert [row["premise_tree"] for row in first] == [row["premise_tree"] for row in second]
-    for a, b in zip(first, second):
+    for a, b in zip(first, second, strict=True):
         for name in LABELS:
             assert abs(a[f"p_{name}"] - b[f"p_{name}"]) <= TOLERANCE
+
+
+def is_reject_record(record: dict) -> bool:
+    return record.keys() == REJECT_TYPES.keys() and all(
+        isinstance(record[name], kind) for name, kind in REJECT_TYPES.items()
+    )
 
 
 def test_bad_rows_are_listed_with_reasons_while_good_rows_are_labelled(smoke_model, tmp_path):
     good = smoke_pairs(smoke_model, 5)
     lines = [json.dumps(row) for row in good[:2]]
-    lines += ['{"id": "broken", "premise": ',  # not JSON
-              json.dumps({"id": "empty", "premise": "  ", "hypothesis": "A dog runs ."}),
-              json.dumps({"id": "long", "premise": " ".join(["dog"] * 40) + " .", "hypothesis": "A dog runs ."}),
-              json.dumps({"id": "nohyp", "premise": "A dog runs ."}),
-              json.dumps(good[2]),
-              json.dumps({**good[3], "id": good[0]["id"]})]  # duplicate id
+    lines += [
+        '{"id": "broken", "premise": ',  # not JSON
+        json.dumps({"id": "empty", "premise": "  ", "hypothesis": "A dog runs ."}),
+        json.dumps({"id": "long", "premise": " ".join(["dog"] * 40) + " .", "hypothesis": "A dog runs ."}),
+        json.dumps({"id": "nohyp", "premise": "A dog runs ."}),
+        json.dumps(good[2]),
+        json.dumps({**good[3], "id": good[0]["id"]}),
+    ]  # duplicate id
     source = tmp_path / "pairs.jsonl"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     parsing = ParserSettings(stanza_dir=stanza_dir(), cache_path=tmp_path / "p.sqlite", device="cpu", max_tokens=20)
-    summary = label(source, smoke_model.checkpoint, tmp_path / "out.parquet",
-                    LabelSettings(parsing=parsing, device="cpu"))
+    summary = label(
+        source, smoke_model.checkpoint, tmp_path / "out.parquet", LabelSettings(parsing=parsing, device="cpu")
+    )
     rejects = [json.loads(line) for line in rejects_file(tmp_path / "out.parquet").read_text().splitlines()]
     assert [(r["line"], r["reason"]) for r in rejects] == [
-        (3, "malformed_json"), (4, "empty_sentence"), (5, "too_long"), (6, "missing_field"), (8, "duplicate_id")]
+        (3, "malformed_json"),
+        (4, "empty_sentence"),
+        (5, "too_long"),
+        (6, "missing_field"),
+        (8, "duplicate_id"),
+    ]
+    assert all(is_reject_record(r) for r in rejects)  # the reader's rejects and the parser's alike
     assert [row["pair_id"] for row in read_output(tmp_path / "out.parquet")] == [r["id"] for r in good[:3]]
     assert summary.rows == len(lines) == summary.labelled + summary.rejected
+
+
+def test_sentences_whose_tree_the_model_builds_get_right_branching_stand_ins(smoke_model, tmp_path, monkeypatch):
+    """The batch format needs transitions for every sentence; with parser `model` a sentence has none (the
+    model predicts them and never reads these), so labelling fills in right_branching over its tokens."""
+    import spinn.labeling.label as label_module
+
+    lengths = []
+
+    def counted(n_tokens: int) -> list[int]:
+        lengths.append(n_tokens)
+        return right_branching(n_tokens)
+
+    monkeypatch.setattr(label_module, "right_branching", counted)
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 5))
+    label(source, smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path, parser="model"))
+    trees = [row[name] for row in read_output(tmp_path / "out.parquet") for name in ("premise_tree", "hypothesis_tree")]
+    assert sorted(lengths) == sorted(len(parse_binary(tree).leaves()) for tree in trees)
 
 
 def test_a_registered_model_is_named_by_its_resolved_version(smoke_model, tmp_path, monkeypatch):
@@ -147,9 +198,25 @@ def test_a_registered_model_is_named_by_its_resolved_version(smoke_model, tmp_pa
 
 
 def label_command(source: Path, output: Path, smoke_model, tmp_path: Path) -> list[str]:
-    return [str(Path(sys.executable).parent / "spinn"), "label", str(source), "--model", str(smoke_model.checkpoint),
-            "--output", str(output), "--shard-size", str(KILL_SHARD_SIZE), "--batch-size", "8", "--device", "cpu",
-            "--stanza-dir", str(stanza_dir()), "--parse-cache", str(tmp_path / "parses.sqlite")]
+    return [
+        str(Path(sys.executable).parent / "spinn"),
+        "label",
+        str(source),
+        "--model",
+        str(smoke_model.checkpoint),
+        "--output",
+        str(output),
+        "--shard-size",
+        str(KILL_SHARD_SIZE),
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+        "--stanza-dir",
+        str(stanza_dir()),
+        "--parse-cache",
+        str(tmp_path / "parses.sqlite"),
+    ]
 
 
 @pytest.mark.slow
@@ -159,8 +226,9 @@ def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path):
     source = write_rows(tmp_path / "pairs.jsonl", rows)
     output = tmp_path / "out.parquet"
     command = label_command(source, output, smoke_model, tmp_path)
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    process = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     deadline = time.monotonic() + LABEL_TIMEOUT_S
     while len(list(parts_folder(output).glob("labels-*.parquet"))) < KILL_AFTER_SHARDS:
         assert process.poll() is None, process.stderr.read().decode()
@@ -184,3 +252,134 @@ def test_resuming_with_other_arguments_is_refused(smoke_model, tmp_path):
     label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=4))
     with pytest.raises(SpinnError, match="holds shards of another run .*shard_size"):
         label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=5))
+
+
+# ----------------------------------------------------------------------------- two runs, one output
+
+
+def model_label_command(source: Path, output: Path, smoke_model, shard_size: int) -> list[str]:
+    """`spinn label` with the model building its own trees: no Stanza, so two runs start in seconds."""
+    return [
+        str(Path(sys.executable).with_name("spinn")),
+        "label",
+        str(source),
+        "--model",
+        str(smoke_model.checkpoint),
+        "--output",
+        str(output),
+        "--parser",
+        "model",
+        "--shard-size",
+        str(shard_size),
+        "--batch-size",
+        "8",
+        "--device",
+        "cpu",
+    ]
+
+
+def many_pairs(smoke_model, count: int) -> list[dict]:
+    """`count` pairs: the smoke test pairs over and over, each copy with its own id."""
+    pairs = smoke_pairs(smoke_model, count)
+    return [{**pairs[i % len(pairs)], "id": f"{pairs[i % len(pairs)]['id']}-{i // len(pairs)}"} for i in range(count)]
+
+
+def one_thread() -> dict[str, str]:
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def assert_every_row_once_in_order(output: Path, rows: list[dict]) -> None:
+    assert [row["pair_id"] for row in read_output(output)] == [row["id"] for row in rows]
+    assert rejects_file(output).read_text() == ""
+
+
+def test_a_second_run_on_the_same_output_is_refused_at_once_naming_the_first(smoke_model, tmp_path):
+    """The first run is stopped (SIGSTOP) while it holds the output, so the second meets it for certain."""
+    rows = many_pairs(smoke_model, CONCURRENT_ROWS)
+    source = write_rows(tmp_path / "pairs.jsonl", rows)
+    output = tmp_path / "out.parquet"
+    command = model_label_command(source, output, smoke_model, shard_size=5)
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=one_thread())
+    try:
+        deadline = time.monotonic() + LABEL_TIMEOUT_S
+        while not list(parts_folder(output).glob("labels-*.parquet")):
+            assert first.poll() is None, first.stderr.read()
+            assert time.monotonic() < deadline
+            time.sleep(POLL_S)
+        first.send_signal(signal.SIGSTOP)
+        second = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, env=one_thread())
+    finally:
+        first.send_signal(signal.SIGCONT)
+    assert second.returncode == 1, second.stdout
+    message = second.stderr.strip()
+    assert "\n" not in message and f"pid {first.pid} on " in message and str(parts_folder(output)) in message
+    assert first.wait(timeout=LABEL_TIMEOUT_S) == 0, first.stderr.read()
+    assert_every_row_once_in_order(output, rows)
+
+
+def test_two_runs_started_together_never_mix_their_shards(smoke_model, tmp_path):
+    """The issue's case: the same input and output, shard sizes 5 and 50, started at the same moment."""
+    rows = many_pairs(smoke_model, CONCURRENT_ROWS)
+    source = write_rows(tmp_path / "pairs.jsonl", rows)
+    output = tmp_path / "out.parquet"
+    runs = [
+        subprocess.Popen(
+            model_label_command(source, output, smoke_model, shard_size),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=one_thread(),
+        )
+        for shard_size in (5, 50)
+    ]
+    results = [(run.wait(timeout=LABEL_TIMEOUT_S), *run.communicate()) for run in runs]
+    assert sorted(code for code, _, _ in results)[0] == 0
+    for code, _, stderr in results:
+        if code != 0:
+            assert code == 1 and "\n" not in stderr.strip()
+            assert "in use by another run" in stderr or "holds shards of another run" in stderr
+    assert_every_row_once_in_order(output, rows)
+
+
+def test_a_lock_left_by_a_dead_run_is_taken_over(smoke_model, tmp_path):
+    from spinn.io import HOST, LOCK_NAME
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    output = tmp_path / "out.parquet"
+    parts_folder(output).mkdir()
+    stale = {"pid": str(gone.pid), "host": HOST, "started": "2026-01-01 00:00:00", "command": "spinn label"}
+    (parts_folder(output) / LOCK_NAME).write_text(json.dumps(stale))
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 10))
+    summary = label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model"))
+    assert summary.labelled == 10
+    assert json.loads((parts_folder(output) / LOCK_NAME).read_text())["pid"] == str(os.getpid())
+
+
+def test_a_shard_with_a_row_twice_is_refused_before_anything_is_published(smoke_model, tmp_path):
+    """Shards an earlier concurrent run corrupted are found at the merge, not reused into the output."""
+    rows = smoke_pairs(smoke_model, 30)
+    source = write_rows(tmp_path / "pairs.csv", rows)
+    output = tmp_path / "out.parquet"
+    label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
+    shard = parts_folder(output) / "labels-00001.parquet"
+    table = pq.read_table(shard)
+    pq.write_table(pa.concat_tables([table, table.slice(0, 3)]), shard)
+    before = output.read_bytes()
+    with pytest.raises(SpinnError, match=r"labels-00001\.parquet: shard 1 \(rows 11-20\) has 3 rows twice") as error:
+        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
+    assert output.read_bytes() == before
+    assert str(error.value).endswith(f"delete {parts_folder(output)} and rerun")
+    assert not getattr(error.value, "__notes__", None)  # not also told to rerun as it is
+
+
+def test_a_shard_missing_a_row_is_refused(smoke_model, tmp_path):
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 30))
+    output = tmp_path / "out.parquet"
+    label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
+    output.unlink()
+    shard = parts_folder(output) / "labels-00002.parquet"
+    pq.write_table(pq.read_table(shard).slice(1), shard)
+    with pytest.raises(SpinnError, match=r"labels-00002\.parquet: shard 2 \(rows 21-30\) has 1 row missing"):
+        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
+    assert not output.exists()

@@ -8,6 +8,7 @@ leaves its predictions, an index entry, a Prefect artifact row and an MLflow run
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -26,16 +27,60 @@ pytestmark = pytest.mark.slow
 SHARD_SIZE = 20
 
 
+@pytest.fixture(scope="module")
+def rl_checkpoint(smoke_model, tmp_path_factory) -> Path:
+    """A tiny rl model: with parser `auto` it labels on the trees it samples itself, no Stanza."""
+    from spinn.training.config import TrainConfig
+    from spinn.training.train import train
+
+    root = tmp_path_factory.mktemp("rl-model")
+    config = TrainConfig.build(
+        {
+            "model": {"variant": "rl", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+            "batch_size": 32,
+            "max_steps": 6,
+            "eval_every": 6,
+            "log_every": 3,
+            "device": "cpu",
+            "threads": 1,
+            "experiment": "label-flow-rl",
+        }
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        patch.chdir(root)
+        result = train(
+            smoke_model.prepared / "train.parquet",
+            smoke_model.prepared / "dev.parquet",
+            config,
+            output_dir=root / "models",
+            embeddings_dir=root / "embeddings",
+            register=False,
+            progress=False,
+        )
+    return result.best_checkpoint
+
+
 @pytest.fixture
 def request_for(smoke_model, tmp_path, monkeypatch, prefect_api):
     monkeypatch.setenv("MLFLOW_TRACKING_URI", smoke_model.tracking_uri)
     monkeypatch.chdir(tmp_path)  # the labelling experiment's artifacts go to ./mlruns, not into the checkout
     (tmp_path / "inbox").mkdir()
 
-    def make(**overrides) -> LabelRequest:
-        settings = {"inbox": tmp_path / "inbox", "outbox": tmp_path / "labelled", "model": smoke_model.registered,
-                    "stanza_dir": stanza_dir(), "shard_size": SHARD_SIZE, "device": "cpu", "dask_workers": 2}
-        return LabelRequest(**{**settings, **overrides})
+    def make(dask_workers: int = 2, model: str | None = None, **overrides) -> LabelRequest:
+        settings = {
+            "shard_size": SHARD_SIZE,
+            "device": "cpu",
+            "parsing": {"stanza_dir": stanza_dir(), "device": "cpu"},
+            **overrides,
+        }
+        return LabelRequest(
+            inbox=tmp_path / "inbox",
+            outbox=tmp_path / "labelled",
+            model=model or smoke_model.registered,
+            settings=settings,
+            dask_workers=dask_workers,
+        )
 
     return make
 
@@ -71,29 +116,80 @@ def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, requ
     write_rows(tmp_path / "inbox" / "good.jsonl", rows)
     request = request_for(dask_workers=1)
 
-    entries = label_pairs(request)
+    state = label_pairs(request, return_state=True)
+    entries = state.result()
     assert entries["good.jsonl"]["status"] == DONE
     assert entries["bad.jsonl"]["status"] == FAILED and "no premise column" in entries["bad.jsonl"]["error"]
+    failed = run_table(state)["bad.jsonl"]
+    assert failed["status"] == FAILED and failed["error"] == entries["bad.jsonl"]["error"] and failed["rows"] is None
 
     write_rows(bad, rows)  # the sender fixes the file
     retried = label_pairs(request)
     assert list(retried) == ["bad.jsonl"] and retried["bad.jsonl"]["status"] == DONE
-    runs = [run for run in mlflow.search_runs(experiment_names=[LABELING_EXPERIMENT], output_format="list")
-            if run.data.params["input"].startswith(str(tmp_path))]
+    runs = [
+        run
+        for run in mlflow.search_runs(experiment_names=[LABELING_EXPERIMENT], output_format="list")
+        if run.data.params["input"].startswith(str(tmp_path))
+    ]
     assert sorted(run.data.params["input"].rsplit("/", 1)[1] for run in runs) == ["bad.jsonl", "good.jsonl"]
     assert all(run.data.metrics["labelled"] == len(rows) for run in runs)
 
 
-def test_the_run_artifact_lists_every_file_with_its_counts(smoke_model, request_for, tmp_path):
+def run_table(state) -> dict[str, dict]:
+    """File name -> its row in the labelling-run table artifact that this flow run created."""
     from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["spinn-labeling-run"]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]),
+            )
+        )
+    assert [artifact.type for artifact in artifacts] == ["table"]
+    return {row["file"]: row for row in json.loads(artifacts[0].data)}
+
+
+def test_the_run_artifact_lists_every_file_with_its_counts(smoke_model, request_for, tmp_path):
     from flows.label_pairs import label_pairs
 
     write_rows(tmp_path / "inbox" / "pairs.csv", smoke_pairs(smoke_model, 4))
     state = label_pairs(request_for(parser="model", dask_workers=1), return_state=True)
-    with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["spinn-labeling-run"])))
-    mine = [a for a in artifacts if a.flow_run_id == state.state_details.flow_run_id]
-    assert len(mine) == 1 and "| pairs.csv | done | 4 | 4 | 0 |" in mine[0].data
+    output = str(tmp_path / "labelled" / "pairs.labels.parquet")
+    assert run_table(state) == {
+        "pairs.csv": {
+            "file": "pairs.csv",
+            "status": DONE,
+            "rows": 4,
+            "labelled": 4,
+            "rejected": 0,
+            "oov_share": 0.0,
+            "parser": "model",
+            "output": output,
+            "error": None,
+        }
+    }
+
+
+def test_the_parser_reported_is_the_one_the_labeller_resolved(smoke_model, rl_checkpoint, request_for, tmp_path):
+    """parser `auto` with an rl model labels on the model's own trees: every record must say `model`."""
+    import mlflow
+
+    from flows.label_pairs import label_pairs
+
+    write_rows(tmp_path / "inbox" / "pairs.csv", smoke_pairs(smoke_model, 4))
+    state = label_pairs(request_for(model=str(rl_checkpoint), parser="auto", dask_workers=1), return_state=True)
+    entries = state.result()
+
+    rows = pq.read_table(tmp_path / "labelled" / "pairs.labels.parquet").to_pylist()
+    assert {row["parser"] for row in rows} == {"model"}
+    assert entries["pairs.csv"]["parser"] == "model"
+    assert read_index(tmp_path / "labelled")["pairs.csv"]["parser"] == "model"
+    runs = mlflow.search_runs(
+        experiment_names=[LABELING_EXPERIMENT],
+        filter_string=f"params.output = '{entries['pairs.csv']['output']}'",
+        output_format="list",
+    )
+    assert [run.data.params["parser"] for run in runs] == ["model"]
+    assert run_table(state)["pairs.csv"]["parser"] == "model"

@@ -1,4 +1,4 @@
-"""spinn.parse with a real Stanza pipeline: the small offline SNLI model set in ../shared/stanza.
+"""spinn.parsing.parser with a real Stanza pipeline: the small offline SNLI model set in ../shared/stanza.
 
 The pipeline loads once per module (a few seconds); every test parses only a
 handful of sentences, each test its own, so the shared disk cache never
@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from spinn.corpus import RejectReason
+from spinn.data.rejects import RejectReason
 from spinn.errors import SpinnError
-from spinn.parse import Parsed, ParserSettings, SentenceParser, Unparsed
-from spinn.transitions import Transition, check_transitions, read_binary_parse
+from spinn.parsing.parser import Parsed, ParserSettings, SentenceParser, Unparsed
+from spinn.trees.transitions import Transition, check_transitions, read_binary_parse
 
 pytestmark = pytest.mark.stanza
 
@@ -97,8 +97,21 @@ def _snli_premises(count: int) -> dict[str, str]:
 def test_sentences_become_binary_trees_over_their_words(parser: SentenceParser) -> None:
     sentences = {
         "Two dogs are running through a field.": ["Two", "dogs", "are", "running", "through", "a", "field", "."],
-        "A woman in a red coat reads a newspaper on the bus.":
-            ["A", "woman", "in", "a", "red", "coat", "reads", "a", "newspaper", "on", "the", "bus", "."],
+        "A woman in a red coat reads a newspaper on the bus.": [
+            "A",
+            "woman",
+            "in",
+            "a",
+            "red",
+            "coat",
+            "reads",
+            "a",
+            "newspaper",
+            "on",
+            "the",
+            "bus",
+            ".",
+        ],
         "Children play soccer": ["Children", "play", "soccer"],
     }
     results = parser.parse(sentences)
@@ -114,8 +127,27 @@ def test_sentences_become_binary_trees_over_their_words(parser: SentenceParser) 
 def test_brackets_and_quotes_take_penn_treebank_forms(parser: SentenceParser) -> None:
     text = 'A man (in a hat) holds a sign that says "hello" [sic].'
     parsed = _parsed(parser.parse([text])[text])
-    assert parsed.tokens == ["A", "man", "-LRB-", "in", "a", "hat", "-RRB-", "holds", "a", "sign", "that", "says",
-                             "``", "hello", "''", "-LSB-", "sic", "-RSB-", "."]
+    assert parsed.tokens == [
+        "A",
+        "man",
+        "-LRB-",
+        "in",
+        "a",
+        "hat",
+        "-RRB-",
+        "holds",
+        "a",
+        "sign",
+        "that",
+        "says",
+        "``",
+        "hello",
+        "''",
+        "-LSB-",
+        "sic",
+        "-RSB-",
+        ".",
+    ]
     assert "-LRB- in a hat -RRB-" in " ".join(token for token in parsed.binary_parse.split() if token not in "()")
 
 
@@ -179,8 +211,10 @@ def test_cache_serves_a_second_parser_and_is_keyed_by_model(parser: SentencePars
 
 
 def test_model_id_is_stable_across_processes(parser: SentenceParser) -> None:
-    code = ("from pathlib import Path; from spinn.parse import ParserSettings, SentenceParser; "
-            f"print(SentenceParser(ParserSettings(stanza_dir=Path({str(STANZA_DIR)!r}), cache_path=None)).model_id)")
+    code = (
+        "from pathlib import Path; from spinn.parsing.parser import ParserSettings, SentenceParser; "
+        f"print(SentenceParser(ParserSettings(stanza_dir=Path({str(STANZA_DIR)!r}), cache_path=None)).model_id)"
+    )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert other.stdout.strip() == parser.model_id
     assert len(parser.model_id) == 64

@@ -7,10 +7,10 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from spinn.batching import read_raw_pairs
 from spinn.cli import main
-from spinn.schema import read_pairs
-from spinn.transitions import check_transitions
+from spinn.data.pairs import read_raw_pairs
+from spinn.data.schema import read_pairs
+from spinn.trees.transitions import check_transitions
 from tests.test_label import smoke_pairs, stanza_dir, write_rows
 
 pytestmark = pytest.mark.stanza
@@ -20,9 +20,23 @@ def test_parse_writes_prepared_pairs_and_rejects_that_evaluate_reads(smoke_model
     rows = smoke_pairs(smoke_model, 20)
     rows.insert(3, {"id": "blank", "premise": "A dog runs .", "hypothesis": " ", "label": "neutral"})
     source = write_rows(tmp_path / "pairs.csv", rows)
-    result = CliRunner().invoke(main, ["parse", str(source), "--output", str(tmp_path / "prepared"),
-                                       "--split", "new", "--stanza-dir", str(stanza_dir()), "--device", "cpu",
-                                       "--parse-cache", str(tmp_path / "parses.sqlite")])
+    result = CliRunner().invoke(
+        main,
+        [
+            "parse",
+            str(source),
+            "--output-dir",
+            str(tmp_path / "prepared"),
+            "--split",
+            "new",
+            "--stanza-dir",
+            str(stanza_dir()),
+            "--parser-device",
+            "cpu",
+            "--parse-cache",
+            str(tmp_path / "parses.sqlite"),
+        ],
+    )
     assert result.exit_code == 0, result.output
     assert "read 21  written 20" in result.output and "rejected empty_sentence: 1" in result.output
 
@@ -35,7 +49,18 @@ def test_parse_writes_prepared_pairs_and_rejects_that_evaluate_reads(smoke_model
     assert len(read_raw_pairs(tmp_path / "prepared" / "new.parquet")) == 20
 
     monkeypatch.chdir(tmp_path)
-    scored = CliRunner().invoke(main, ["evaluate", "--model", str(smoke_model.checkpoint), "--data",
-                                       str(tmp_path / "prepared" / "new.parquet"), "--no-track", "--device", "cpu"])
+    scored = CliRunner().invoke(
+        main,
+        [
+            "evaluate",
+            "--model",
+            str(smoke_model.checkpoint),
+            "--data",
+            str(tmp_path / "prepared" / "new.parquet"),
+            "--no-track",
+            "--device",
+            "cpu",
+        ],
+    )
     assert scored.exit_code == 0, scored.output
     assert json.loads((tmp_path / "metrics.json").read_text())["examples"] == 20

@@ -8,22 +8,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spinn.batching import Example, make_batch
-from spinn.model import SPINN, SPINNConfig, random_vectors, spinn_loss
-from spinn.policy import (
-    PAD_ACTION,
-    REDUCE,
-    SHIFT,
-    free_reduce_share,
-    reinforce,
-    sample_actions,
-)
-from spinn.transitions import (
-    check_transitions,
-    left_branching,
-    right_branching,
-    transition_count,
-)
+from spinn.data.pairs import Example
+from spinn.model.batch import make_batch, own_steps
+from spinn.model.config import SPINNConfig
+from spinn.model.policy import PAD_ACTION, REDUCE, SHIFT, free_reduce_share, reinforce, sample_actions
+from spinn.model.spinn import SPINN, random_vectors, spinn_loss
+from spinn.trees.transitions import check_transitions, left_branching, right_branching
 
 VOCAB = 30
 NO_NORM = {"use_batch_norm": False, "embed_dropout": 0.0, "mlp_dropout": 0.0}
@@ -32,28 +22,38 @@ NO_NORM = {"use_batch_norm": False, "embed_dropout": 0.0, "mlp_dropout": 0.0}
 
 def rl_model(seed: int, **settings) -> SPINN:
     torch.manual_seed(seed)
-    config = SPINNConfig(variant="rl", d_embed=6, d_hidden=5, d_tracker=4, mlp_dim=7, transition_loss_weight=0.0,
-                         **settings)
+    config = SPINNConfig(
+        variant="rl", d_embed=6, d_hidden=5, d_tracker=4, mlp_dim=7, transition_loss_weight=0.0, **settings
+    )
     return SPINN(config, random_vectors(VOCAB, 6, seed)).double().train()
 
 
 def example(rng: np.random.Generator, premise: int, hypothesis: int) -> Example:
     """A pair of the given lengths; its transitions are a placeholder the sampling model never reads."""
+
     def words(n: int) -> tuple[int, ...]:
         return tuple(int(w) for w in rng.integers(2, VOCAB, n))
 
-    return Example(words(premise), tuple(right_branching(premise)), words(hypothesis),
-                   tuple(right_branching(hypothesis)), int(rng.integers(0, 3)))
+    return Example(
+        words(premise),
+        tuple(right_branching(premise)),
+        words(hypothesis),
+        tuple(right_branching(hypothesis)),
+        int(rng.integers(0, 3)),
+    )
 
 
 def sentence_actions(taken: torch.Tensor, lengths: list[int]) -> list[list[int]]:
-    """Each sentence's own 2n - 1 actions from the (N, T) left-padded actions that ran."""
-    return [taken[row, -transition_count(n):].tolist() for row, n in enumerate(lengths)]
+    """Each sentence's own 2n - 1 actions from the (N, T) actions that ran (own steps first, then padding)."""
+    return [own_steps(taken, row, n) for row, n in enumerate(lengths)]
 
 
 @settings(max_examples=40, deadline=None)
-@given(seed=st.integers(0, 10_000), lengths=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)),
-                                                     min_size=1, max_size=5), scale=st.floats(0.1, 50.0))
+@given(
+    seed=st.integers(0, 10_000),
+    lengths=st.lists(st.tuples(st.integers(1, 12), st.integers(1, 12)), min_size=1, max_size=5),
+    scale=st.floats(0.1, 50.0),
+)
 def test_sampled_and_greedy_trees_are_always_legal(seed, lengths, scale):
     """Random policies, sharpened or flattened by `scale`, never take an illegal action."""
     model = rl_model(seed)
@@ -67,7 +67,7 @@ def test_sampled_and_greedy_trees_are_always_legal(seed, lengths, scale):
         model.train(training)
         with torch.no_grad():
             output = model(batch, predict_transitions=not training)
-        for actions, n in zip(sentence_actions(output.transitions, sentence_lengths), sentence_lengths):
+        for actions, n in zip(sentence_actions(output.transitions, sentence_lengths), sentence_lengths, strict=True):
             check_transitions(actions, n)
 
 
@@ -76,8 +76,12 @@ def test_the_batched_sampler_equals_one_sentence_pair_at_a_time():
     examples = [example(rng, int(rng.integers(1, 15)), int(rng.integers(1, 15))) for _ in range(9)]
     model = rl_model(5, **NO_NORM)
     batch = make_batch(examples)
-    draws = torch.rand(batch.tokens.shape[0], batch.transitions.shape[1], generator=torch.Generator().manual_seed(1),
-                       dtype=torch.float64)
+    draws = torch.rand(
+        batch.tokens.shape[0],
+        batch.transitions.shape[1],
+        generator=torch.Generator().manual_seed(1),
+        dtype=torch.float64,
+    )
     with torch.no_grad():
         together = sentence_actions(model(batch, uniforms=draws).transitions, batch.lengths.tolist())
         pairs = len(examples)
@@ -104,8 +108,15 @@ def test_policy_gradient_matches_a_hand_computed_reinforce_estimate():
     batch = make_batch(examples)
     output = model(batch)
     baseline = torch.tensor([-1.0, -1.2, -0.9], dtype=torch.float64)
-    terms = reinforce(output.transition_logits, output.transitions, output.logits, batch.labels, baseline,
-                      "log_likelihood", learned_baseline=False)
+    terms = reinforce(
+        output.transition_logits,
+        output.transitions,
+        output.logits,
+        batch.labels,
+        baseline,
+        "log_likelihood",
+        learned_baseline=False,
+    )
     bias = model.encoder.tracker.transition.bias
     (gradient,) = torch.autograd.grad(terms.loss, [bias])
 
@@ -129,8 +140,15 @@ def test_rl_loss_adds_entropy_value_and_supervision_terms():
     batch = make_batch([example(rng, 4, 3), example(rng, 2, 5)])
     for baseline, supervised in (("moving_average", 0.0), ("value", 0.5)):
         torch.manual_seed(0)
-        config = SPINNConfig(variant="rl", d_embed=6, d_hidden=5, d_tracker=4, mlp_dim=7, baseline=baseline,
-                             transition_loss_weight=supervised)
+        config = SPINNConfig(
+            variant="rl",
+            d_embed=6,
+            d_hidden=5,
+            d_tracker=4,
+            mlp_dim=7,
+            baseline=baseline,
+            transition_loss_weight=supervised,
+        )
         model = SPINN(config, random_vectors(VOCAB, 6, 0)).double().train()
         loss = spinn_loss(model(batch), batch, config)
         assert (loss.policy.value_loss is not None) == (baseline == "value")

@@ -50,11 +50,15 @@ def test_readme_smoke_command_runs_the_whole_pipeline_as_written(tmp_path):
     command = readme_block("## Main job", "--smoke")
     checkout = copy_checkout(tmp_path / "checkout")
     (checkout / ".venv").symlink_to(Path(sys.executable).parents[1])
-    env = {key: value for key, value in os.environ.items()
-           if not key.startswith(("PREFECT_API", "MLFLOW_TRACKING", "SPINN_DOWNLOAD"))}
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PREFECT_API", "MLFLOW_TRACKING", "SPINN_DOWNLOAD"))
+    }
     env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
-    done = subprocess.run(command, shell=True, cwd=checkout, env=env, capture_output=True, text=True,
-                          timeout=SMOKE_TIMEOUT_S, check=False)
+    done = subprocess.run(
+        command, shell=True, cwd=checkout, env=env, capture_output=True, text=True, timeout=SMOKE_TIMEOUT_S, check=False
+    )
     assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
     assert "Starting temporary server on http://127.0.0.1" in done.stdout + done.stderr
     assert re.search(r"MLflow run [0-9a-f]{32} .* in sqlite:///mlflow.db", done.stdout)

@@ -7,12 +7,26 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import main
-from spinn.schema import read_pairs
-from spinn.transitions import parse_binary
+from spinn.data.schema import read_pairs
+from spinn.trees.transitions import parse_binary
 from tests.test_label import smoke_pairs, write_rows
 
-TINY_RL = ["--set", "model.d_hidden=16", "--set", "model.d_tracker=8", "--set", "model.mlp_dim=16",
-           "--set", "max_steps=12", "--set", "eval_every=6", "--set", "log_every=3", "--set", "threads=1"]
+TINY_RL = [
+    "--set",
+    "model.d_hidden=16",
+    "--set",
+    "model.d_tracker=8",
+    "--set",
+    "model.mlp_dim=16",
+    "--set",
+    "max_steps=12",
+    "--set",
+    "eval_every=6",
+    "--set",
+    "log_every=3",
+    "--set",
+    "threads=1",
+]
 
 
 def run(arguments: list[str]) -> str:
@@ -38,28 +52,76 @@ def test_rl_trains_on_tokens_only_and_labels_with_its_own_trees(tokens_only):
     table = read_pairs(tokens_only / "prepared" / "train.parquet").to_pylist()
     assert all(row["premise_transitions"] == [] for row in table)
     prepared = tokens_only / "prepared"
-    output = run(["train", "--variant", "rl", "--train", str(prepared / "train.parquet"), "--dev",
-                  str(prepared / "dev.parquet"), "--device", "cpu", "--no-register", *TINY_RL])
+    output = run(
+        [
+            "train",
+            "--variant",
+            "rl",
+            "--train",
+            str(prepared / "train.parquet"),
+            "--dev",
+            str(prepared / "dev.parquet"),
+            "--device",
+            "cpu",
+            "--no-register",
+            *TINY_RL,
+        ]
+    )
     assert "best dev accuracy" in output
 
     sentences = tokens_only / "sentences.txt"
     sentences.write_text("A man is playing a guitar .\nTwo dogs run .\n", encoding="utf-8")
-    run(["trees", "--model", "data/models/best.pt", "--input", str(sentences), "--output", "trees.txt",
-         "--html", "trees.html"])
+    run(
+        [
+            "trees",
+            "--model",
+            "data/models/best.pt",
+            "--input",
+            str(sentences),
+            "--output",
+            "trees.txt",
+            "--html",
+            "trees.html",
+        ]
+    )
     assert (tokens_only / "trees.html").read_text(encoding="utf-8").count("<svg") == 2
     trees = (tokens_only / "trees.txt").read_text().splitlines()
-    assert [parse_binary(tree).leaves() for tree in trees] == [line.split() for line in
-                                                                sentences.read_text().splitlines()]
+    assert [parse_binary(tree).leaves() for tree in trees] == [
+        line.split() for line in sentences.read_text().splitlines()
+    ]
 
-    run(["label", str(tokens_only / "dev.csv"), "--model", "data/models/best.pt", "--output", "labels.parquet",
-         "--device", "cpu"])
+    run(
+        [
+            "label",
+            str(tokens_only / "dev.csv"),
+            "--model",
+            "data/models/best.pt",
+            "--output",
+            "labels.parquet",
+            "--device",
+            "cpu",
+        ]
+    )
     rows = pq.read_table(tokens_only / "labels.parquet").to_pylist()
     assert len(rows) == 20 and {row["parser"] for row in rows} == {"model"}
 
 
 def test_a_model_that_needs_trees_refuses_tokens_only_data(tokens_only):
     prepared = tokens_only / "prepared"
-    result = CliRunner().invoke(main, ["train", "--variant", "pi", "--train", str(prepared / "train.parquet"),
-                                       "--dev", str(prepared / "dev.parquet"), "--device", "cpu", "--no-register",
-                                       *TINY_RL])
+    result = CliRunner().invoke(
+        main,
+        [
+            "train",
+            "--variant",
+            "pi",
+            "--train",
+            str(prepared / "train.parquet"),
+            "--dev",
+            str(prepared / "dev.parquet"),
+            "--device",
+            "cpu",
+            "--no-register",
+            *TINY_RL,
+        ],
+    )
     assert result.exit_code == 1 and "have no tree" in result.output

@@ -11,9 +11,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from spinn.corpus import Reject, RejectReason
-from spinn.errors import SpinnError
-from spinn.sentence_pairs import (
+from spinn.data.rejects import Reject, RejectReason
+from spinn.data.sentence_pairs import (
     FORMATS,
     Columns,
     InputPair,
@@ -22,6 +21,7 @@ from spinn.sentence_pairs import (
     resolve_columns,
     simple_tokenize,
 )
+from spinn.errors import SpinnError
 
 HEADER = ("id", "premise", "hypothesis", "label")
 ROWS = [
@@ -62,7 +62,7 @@ def write_jsonl(path: Path, records: list[dict]) -> Path:
 
 
 def write_parquet(path: Path, rows: list[tuple], header: tuple = HEADER) -> Path:
-    pq.write_table(pa.Table.from_pylist([dict(zip(header, row)) for row in rows]), path)
+    pq.write_table(pa.Table.from_pylist([dict(zip(header, row, strict=True)) for row in rows]), path)
     return path
 
 
@@ -77,8 +77,8 @@ WRITERS = {
     "pairs.tsv": write_tsv,
     "pairs.tsv.gz": write_tsv,
     "pairs.tab": write_tsv,
-    "pairs.jsonl": lambda path, rows: write_jsonl(path, [dict(zip(HEADER, row)) for row in rows]),
-    "pairs.ndjson": lambda path, rows: write_jsonl(path, [dict(zip(HEADER, row)) for row in rows]),
+    "pairs.jsonl": lambda path, rows: write_jsonl(path, [dict(zip(HEADER, row, strict=True)) for row in rows]),
+    "pairs.ndjson": lambda path, rows: write_jsonl(path, [dict(zip(HEADER, row, strict=True)) for row in rows]),
     "pairs.parquet": write_parquet,
 }
 
@@ -113,11 +113,22 @@ def test_gzip_is_recognised_by_content_and_format_can_be_named(tmp_path: Path):
     assert summary(read_all(path, fmt="CSV")) == EXPECTED
 
 
-@pytest.mark.parametrize(("name", "fmt"), [
-    ("a.csv", "csv"), ("a.CSV", "csv"), ("a.tsv", "tsv"), ("a.tab", "tsv"), ("a.jsonl", "jsonl"),
-    ("a.ndjson", "jsonl"), ("a.parquet", "parquet"), ("a.csv.gz", "csv"), ("a.tsv.gz", "tsv"),
-    ("a.jsonl.gz", "jsonl"), ("dev.v2.jsonl", "jsonl"),
-])
+@pytest.mark.parametrize(
+    ("name", "fmt"),
+    [
+        ("a.csv", "csv"),
+        ("a.CSV", "csv"),
+        ("a.tsv", "tsv"),
+        ("a.tab", "tsv"),
+        ("a.jsonl", "jsonl"),
+        ("a.ndjson", "jsonl"),
+        ("a.parquet", "parquet"),
+        ("a.csv.gz", "csv"),
+        ("a.tsv.gz", "tsv"),
+        ("a.jsonl.gz", "jsonl"),
+        ("dev.v2.jsonl", "jsonl"),
+    ],
+)
 def test_detect_format_from_suffix(name: str, fmt: str):
     assert detect_format(Path(name)) == fmt
 
@@ -136,8 +147,13 @@ def test_explicit_format_overrides_the_suffix():
 
 
 def test_snli_column_names_are_detected(tmp_path: Path):
-    snli = {"gold_label": "neutral", "pairID": "3416050480.jpg#4r1n", "sentence1": "A person on a horse.",
-            "sentence2": "A person trains a horse.", "sentence1_binary_parse": "( ( A person ) ( on ( a horse ) ) )"}
+    snli = {
+        "gold_label": "neutral",
+        "pairID": "3416050480.jpg#4r1n",
+        "sentence1": "A person on a horse.",
+        "sentence2": "A person trains a horse.",
+        "sentence1_binary_parse": "( ( A person ) ( on ( a horse ) ) )",
+    }
     path = write_jsonl(tmp_path / "snli.jsonl", [snli, {**snli, "pairID": "x2", "gold_label": "-"}])
     assert summary(read_all(path)) == [
         (1, "3416050480.jpg#4r1n", "A person on a horse.", "A person trains a horse.", "neutral"),
@@ -146,30 +162,45 @@ def test_snli_column_names_are_detected(tmp_path: Path):
 
 
 def test_custom_column_names(tmp_path: Path):
-    path = write_csv(tmp_path / "custom.csv", [("u7", "One.", "Two.", "contradiction", "extra")],
-                     header=("uid", "p", "h", "y", "notes"))
+    path = write_csv(
+        tmp_path / "custom.csv",
+        [("u7", "One.", "Two.", "contradiction", "extra")],
+        header=("uid", "p", "h", "y", "notes"),
+    )
     items = read_all(path, Columns(premise="p", hypothesis="h", id="uid", label="y"))
     assert summary(items) == [(1, "u7", "One.", "Two.", "contradiction")]
 
 
 def test_no_id_column_numbers_rows_and_no_label_column_gives_none(tmp_path: Path):
-    path = write_tsv(tmp_path / "bare.tsv", [("A.", "B."), ("C.", "D."), ("E.", "F.")],
-                     header=("sentence1", "sentence2"))
-    assert summary(read_all(path)) == [(1, "1", "A.", "B.", None), (2, "2", "C.", "D.", None),
-                                       (3, "3", "E.", "F.", None)]
+    path = write_tsv(
+        tmp_path / "bare.tsv", [("A.", "B."), ("C.", "D."), ("E.", "F.")], header=("sentence1", "sentence2")
+    )
+    assert summary(read_all(path)) == [
+        (1, "1", "A.", "B.", None),
+        (2, "2", "C.", "D.", None),
+        (3, "3", "E.", "F.", None),
+    ]
 
 
-@pytest.mark.parametrize(("written", "label"), [
-    ("Entailment", "entailment"), (" NEUTRAL ", "neutral"), ("-", None), ("", None), ("contradiction", "contradiction"),
-])
+@pytest.mark.parametrize(
+    ("written", "label"),
+    [
+        ("Entailment", "entailment"),
+        (" NEUTRAL ", "neutral"),
+        ("-", None),
+        ("", None),
+        ("contradiction", "contradiction"),
+    ],
+)
 def test_labels_are_case_insensitive_and_dash_or_empty_means_none(tmp_path: Path, written: str, label: str | None):
     path = write_csv(tmp_path / "labels.csv", [("a", "P.", "H.", written)])
     assert summary(read_all(path)) == [(1, "a", "P.", "H.", label)]
 
 
 def test_resolve_columns_prefers_the_first_conventional_name():
-    resolved = resolve_columns(["pairID", "sentence1", "premise", "hypothesis", "id", "gold_label"], Columns(),
-                               Path("f.csv"))
+    resolved = resolve_columns(
+        ["pairID", "sentence1", "premise", "hypothesis", "id", "gold_label"], Columns(), Path("f.csv")
+    )
     assert resolved == Columns(premise="premise", hypothesis="hypothesis", id="id", label="gold_label")
 
 
@@ -184,8 +215,13 @@ def test_a_named_optional_column_must_exist():
 
 
 def test_sentences_and_ids_are_stripped_and_json_number_ids_become_strings(tmp_path: Path):
-    path = write_jsonl(tmp_path / "ids.jsonl", [{"id": 7, "premise": "  A dog.\n", "hypothesis": "\tAn animal. "},
-                                               {"id": " x ", "premise": "B.", "hypothesis": "C."}])
+    path = write_jsonl(
+        tmp_path / "ids.jsonl",
+        [
+            {"id": 7, "premise": "  A dog.\n", "hypothesis": "\tAn animal. "},
+            {"id": " x ", "premise": "B.", "hypothesis": "C."},
+        ],
+    )
     assert summary(read_all(path)) == [(1, "7", "A dog.", "An animal.", None), (2, "x", "B.", "C.", None)]
 
 
@@ -200,28 +236,31 @@ def good(pair_id: str, **overrides) -> str:
 
 def test_jsonl_rejects_every_bad_line_and_keeps_the_good_ones(tmp_path: Path):
     lines: list[bytes | str] = [
-        good("a"),                                         # 1 good
-        '{"id": "b", "premise": \n',                       # 2 malformed JSON
-        "\n",                                              # 3 blank: no row
-        '["a", "list"]\n',                                 # 4 not an object
-        good("c", premise=5),                              # 5 number premise
-        good("d", hypothesis="<absent>"),                  # 6 no hypothesis
-        good("e", premise=None),                           # 7 null premise
-        good("f", premise="   "),                          # 8 whitespace premise
-        good("g", label="maybe"),                          # 9 unknown label
-        good("a"),                                         # 10 duplicate id
+        good("a"),  # 1 good
+        '{"id": "b", "premise": \n',  # 2 malformed JSON
+        "\n",  # 3 blank: no row
+        '["a", "list"]\n',  # 4 not an object
+        good("c", premise=5),  # 5 number premise
+        good("d", hypothesis="<absent>"),  # 6 no hypothesis
+        good("e", premise=None),  # 7 null premise
+        good("f", premise="   "),  # 8 whitespace premise
+        good("g", label="maybe"),  # 9 unknown label
+        good("a"),  # 10 duplicate id
         b'{"id": "h", "premise": "caf\xe9", "hypothesis": "x"}\n',  # 11 latin-1 byte
-        good("i", hypothesis=["a", "list"]),               # 12 list hypothesis
-        good("j", label=1),                                # 13 number label
-        good("k", id=None),                                # 14 null id
-        good("l"),                                         # 15 good
-        "   \n",                                           # 16 blank
-        good("m", label="Contradiction"),                  # 17 good
+        good("i", hypothesis=["a", "list"]),  # 12 list hypothesis
+        good("j", label=1),  # 13 number label
+        good("k", id=None),  # 14 null id
+        good("l"),  # 15 good
+        "   \n",  # 16 blank
+        good("m", label="Contradiction"),  # 17 good
     ]
     path = write_lines(tmp_path / "mixed.jsonl", lines)
     items = read_all(path)
     assert [(p.row, p.line, p.pair_id, p.label) for p in items if isinstance(p, InputPair)] == [
-        (1, 1, "a", "entailment"), (14, 15, "l", "entailment"), (15, 17, "m", "contradiction")]
+        (1, 1, "a", "entailment"),
+        (14, 15, "l", "entailment"),
+        (15, 17, "m", "contradiction"),
+    ]
     assert rejects(items) == [
         (2, RejectReason.MALFORMED_JSON, None),
         (4, RejectReason.MALFORMED_JSON, None),
@@ -244,25 +283,43 @@ def test_jsonl_rejects_every_bad_line_and_keeps_the_good_ones(tmp_path: Path):
     assert json.loads(reject.to_json())["reason"] == "unknown_label"
 
 
+def test_a_reject_is_a_plain_record_of_every_field_and_its_json_is_that_record():
+    raw = '{"premise": "Un café .", "label": "maybe"}'
+    reject = Reject("pairs.jsonl", 9, RejectReason.UNKNOWN_LABEL, "label", "unknown label 'maybe'", raw)
+    assert reject.to_dict() == {
+        "file": "pairs.jsonl",
+        "line": 9,
+        "reason": "unknown_label",
+        "field": "label",
+        "message": "unknown label 'maybe'",
+        "raw": raw,
+    }
+    assert json.loads(reject.to_json()) == reject.to_dict()
+    assert "café" in reject.to_json()  # people read rejects files: text stays as written
+
+
 def test_csv_rejects_bad_rows_and_reads_multi_line_fields(tmp_path: Path):
     lines: list[bytes | str] = [
-        "id,premise,hypothesis,label\n",                                 # 1 header
-        "a,A dog runs.,An animal moves.,entailment\n",                   # 2 good, row 1
-        "b,Too few fields\n",                                            # 3 short row
-        'c,"A quoted\n',                                                 # 4 multi-line field starts
-        'premise, with a comma",Something.,neutral\n',                   # 5 ... and ends
-        "\n",                                                            # 6 blank: no row
-        "d,One,Two,entailment,extra\n",                                  # 7 long row
-        b"e,Caf\xe9 au lait.,A drink.,neutral\n",                        # 8 latin-1 byte
-        "f,,Empty premise.,neutral\n",                                   # 9 empty premise
-        "a,Again.,Duplicate id.,neutral\n",                              # 10 duplicate id
-        "g,Fine.,Still fine.,unsure\n",                                  # 11 unknown label
-        "h,Last.,Good.,contradiction",                                   # 12 good, no final newline
+        "id,premise,hypothesis,label\n",  # 1 header
+        "a,A dog runs.,An animal moves.,entailment\n",  # 2 good, row 1
+        "b,Too few fields\n",  # 3 short row
+        'c,"A quoted\n',  # 4 multi-line field starts
+        'premise, with a comma",Something.,neutral\n',  # 5 ... and ends
+        "\n",  # 6 blank: no row
+        "d,One,Two,entailment,extra\n",  # 7 long row
+        b"e,Caf\xe9 au lait.,A drink.,neutral\n",  # 8 latin-1 byte
+        "f,,Empty premise.,neutral\n",  # 9 empty premise
+        "a,Again.,Duplicate id.,neutral\n",  # 10 duplicate id
+        "g,Fine.,Still fine.,unsure\n",  # 11 unknown label
+        "h,Last.,Good.,contradiction",  # 12 good, no final newline
     ]
     path = write_lines(tmp_path / "mixed.csv", lines)
     items = read_all(path)
     assert [(p.row, p.line, p.pair_id, p.premise) for p in items if isinstance(p, InputPair)] == [
-        (1, 2, "a", "A dog runs."), (3, 4, "c", "A quoted\npremise, with a comma"), (9, 12, "h", "Last.")]
+        (1, 2, "a", "A dog runs."),
+        (3, 4, "c", "A quoted\npremise, with a comma"),
+        (9, 12, "h", "Last."),
+    ]
     assert rejects(items) == [
         (3, RejectReason.MALFORMED_ROW, None),
         (7, RejectReason.MALFORMED_ROW, None),
@@ -294,15 +351,23 @@ def test_tsv_has_no_quoting(tmp_path: Path):
 
 
 def test_parquet_rejects_and_raw_rows(tmp_path: Path):
-    table = pa.table({"id": [1, 2, 3, 1], "premise": ["A.", None, "C.", "D."], "hypothesis": ["B.", "X.", " ", "E."],
-                      "extra": [[1], [2], [3], [4]]})
+    table = pa.table(
+        {
+            "id": [1, 2, 3, 1],
+            "premise": ["A.", None, "C.", "D."],
+            "hypothesis": ["B.", "X.", " ", "E."],
+            "extra": [[1], [2], [3], [4]],
+        }
+    )
     path = tmp_path / "rows.parquet"
     pq.write_table(table, path)
     items = read_all(path)
     assert summary(items) == [(1, "1", "A.", "B.", None)]
-    assert rejects(items) == [(2, RejectReason.MISSING_FIELD, "premise"),
-                              (3, RejectReason.EMPTY_SENTENCE, "hypothesis"),
-                              (4, RejectReason.DUPLICATE_ID, "id")]
+    assert rejects(items) == [
+        (2, RejectReason.MISSING_FIELD, "premise"),
+        (3, RejectReason.EMPTY_SENTENCE, "hypothesis"),
+        (4, RejectReason.DUPLICATE_ID, "id"),
+    ]
     assert json.loads(items[1].raw) == {"premise": None, "hypothesis": "X.", "id": 2}
 
 
@@ -350,11 +415,14 @@ def test_custom_premise_column_absent(tmp_path: Path):
         read_input_pairs(path, Columns(premise="text"))
 
 
-@pytest.mark.parametrize(("name", "content", "problem"), [
-    ("broken.parquet", b"not parquet at all", "not a readable Parquet file"),
-    ("empty.csv", b"", "empty file"),
-    ("dupes.csv", b"premise,premise,hypothesis\n", "more than once"),
-])
+@pytest.mark.parametrize(
+    ("name", "content", "problem"),
+    [
+        ("broken.parquet", b"not parquet at all", "not a readable Parquet file"),
+        ("empty.csv", b"", "empty file"),
+        ("dupes.csv", b"premise,premise,hypothesis\n", "more than once"),
+    ],
+)
 def test_unreadable_files(tmp_path: Path, name: str, content: bytes, problem: str):
     path = tmp_path / name
     path.write_bytes(content)
@@ -372,21 +440,24 @@ def test_unknown_format_of_an_existing_file(tmp_path: Path):
 # --------------------------------------------------------------------------- tokens
 
 
-@pytest.mark.parametrize(("text", "tokens"), [  # expected tokens written space-separated
-    ("A dog runs.", "A dog runs ."),
-    ("Don't touch the dog's tail!", "Do n't touch the dog 's tail !"),
-    ("They can't, we won't; I'm sure they're here.", "They ca n't , we wo n't ; I 'm sure they 're here ."),
-    ("We've said you'd know what he'll do?", "We 've said you 'd know what he 'll do ?"),
-    ("A man (in a hat) sits.", "A man -LRB- in a hat -RRB- sits ."),
-    ('She says "hi" and "bye".', "She says `` hi '' and `` bye '' ."),
-    ("\u201cCurly\u201d quotes", "`` Curly '' quotes"),
-    ("It costs $3.50, or 1,000 yen at 10:30.", "It costs $ 3.50 , or 1,000 yen at 10:30 ."),
-    ("The U.S. team met Mr. Smith.", "The U.S. team met Mr. Smith ."),
-    ("A well-known man at 5 o'clock", "A well-known man at 5 o'clock"),
-    ("The kids' toys [new] {old}...", "The kids ' toys -LSB- new -RSB- -LCB- old -RCB- ..."),
-    ("He said 'wait' -- then left", "He said ` wait ' -- then left"),
-    ("  spaced\tout \n", "spaced out"),
-    ("", ""),
-])
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [  # expected tokens written space-separated
+        ("A dog runs.", "A dog runs ."),
+        ("Don't touch the dog's tail!", "Do n't touch the dog 's tail !"),
+        ("They can't, we won't; I'm sure they're here.", "They ca n't , we wo n't ; I 'm sure they 're here ."),
+        ("We've said you'd know what he'll do?", "We 've said you 'd know what he 'll do ?"),
+        ("A man (in a hat) sits.", "A man -LRB- in a hat -RRB- sits ."),
+        ('She says "hi" and "bye".', "She says `` hi '' and `` bye '' ."),
+        ("\u201cCurly\u201d quotes", "`` Curly '' quotes"),
+        ("It costs $3.50, or 1,000 yen at 10:30.", "It costs $ 3.50 , or 1,000 yen at 10:30 ."),
+        ("The U.S. team met Mr. Smith.", "The U.S. team met Mr. Smith ."),
+        ("A well-known man at 5 o'clock", "A well-known man at 5 o'clock"),
+        ("The kids' toys [new] {old}...", "The kids ' toys -LSB- new -RSB- -LCB- old -RCB- ..."),
+        ("He said 'wait' -- then left", "He said ` wait ' -- then left"),
+        ("  spaced\tout \n", "spaced out"),
+        ("", ""),
+    ],
+)
 def test_simple_tokenize(text: str, tokens: str):
     assert simple_tokenize(text) == tokens.split()

@@ -10,23 +10,27 @@ from pathlib import Path
 
 import pytest
 
-from spinn.agreement import binarization_agreement
-from spinn.embeddings import GLOVE_6B_50D, load_embeddings
+from spinn.data.agreement import binarization_agreement
+from spinn.data.embeddings import GLOVE_6B_50D, load_embeddings
+from spinn.data.prepare import PrepareSettings, prepare
+from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
+from spinn.data.smoke import HYPERNYMS, SMOKE_ARCHIVE_ROOT, SMOKE_SPLITS, smoke_records, write_smoke_corpus
+from spinn.data.vocab import vocabulary_from_counts
 from spinn.errors import SpinnError
-from spinn.prepare import prepare
-from spinn.schema import LABELS, NO_CONSENSUS_LABEL
-from spinn.smoke import (
-    HYPERNYMS,
-    SMOKE_ARCHIVE_ROOT,
-    SMOKE_SPLITS,
-    smoke_records,
-    write_smoke_corpus,
-)
-from spinn.trees import CLOSE, OPEN, parse_ptb
-from spinn.vocab import vocabulary_from_counts
+from spinn.trees.tree import CLOSE, OPEN, parse_ptb
 
-FIELDS = {"annotator_labels", "captionID", "gold_label", "pairID", "sentence1", "sentence1_binary_parse",
-          "sentence1_parse", "sentence2", "sentence2_binary_parse", "sentence2_parse"}
+FIELDS = {
+    "annotator_labels",
+    "captionID",
+    "gold_label",
+    "pairID",
+    "sentence1",
+    "sentence1_binary_parse",
+    "sentence1_parse",
+    "sentence2",
+    "sentence2_binary_parse",
+    "sentence2_parse",
+}
 FUNCTION_WORDS = frozenset({"a", "an", "the", "."})
 MIN_LABEL_SHARE, MAX_LABEL_SHARE = 0.25, 0.42
 MAX_DISTINCT_PREMISE_SHARE = 0.6
@@ -53,8 +57,10 @@ def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def records(corpus: Path) -> dict[str, list[dict]]:
     with zipfile.ZipFile(corpus) as archive:
-        return {split: [json.loads(line) for line in archive.read(f"{SMOKE_ARCHIVE_ROOT}/{member(split)}").splitlines()]
-                for split in SMOKE_SPLITS}
+        return {
+            split: [json.loads(line) for line in archive.read(f"{SMOKE_ARCHIVE_ROOT}/{member(split)}").splitlines()]
+            for split in SMOKE_SPLITS
+        }
 
 
 def labelled(records: list[dict]) -> list[dict]:
@@ -90,10 +96,11 @@ def test_sizes_override_and_records_are_deterministic(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("split", list(SMOKE_SPLITS))
-def test_prepare_reads_every_line_and_parses_agree(corpus: Path, records: dict[str, list[dict]], tmp_path: Path,
-                                                   split: str) -> None:
+def test_prepare_reads_every_line_and_parses_agree(
+    corpus: Path, records: dict[str, list[dict]], tmp_path: Path, split: str
+) -> None:
     no_consensus = len(records[split]) - len(labelled(records[split]))
-    summary = prepare(corpus, tmp_path, member=member(split), workers=1)
+    summary = prepare(corpus, tmp_path, PrepareSettings(workers=1), member=member(split))
     assert summary.rejected_total == 0
     assert summary.written == len(records[split]) - no_consensus
     assert summary.skipped == no_consensus > 0
@@ -134,6 +141,7 @@ def test_labels_are_balanced_and_premises_repeat(records: dict[str, list[dict]])
 
 def rule_label(premise: list[str], hypothesis: list[str]) -> str:
     """The label the corpus's rules give: a changed subject or verb contradicts; new words are neutral."""
+
     def derived(word: str, source: str) -> bool:
         return word == source or HYPERNYMS.get(source) == word
 
@@ -157,8 +165,14 @@ def test_every_gold_label_follows_from_the_words(records: dict[str, list[dict]])
 
 
 def test_words_are_english(records: dict[str, list[dict]]) -> None:
-    counts = Counter(word for split in records.values() for record in split
-                     for sentence in ("sentence1", "sentence2") for word in tokens(record[f"{sentence}_binary_parse"]))
-    _, report = load_embeddings(GLOVE_6B_50D, vocabulary_from_counts(counts.items(), lowercase=True),
-                                cache_dir=None, progress=False)
+    counts = Counter(
+        word
+        for split in records.values()
+        for record in split
+        for sentence in ("sentence1", "sentence2")
+        for word in tokens(record[f"{sentence}_binary_parse"])
+    )
+    _, report = load_embeddings(
+        GLOVE_6B_50D, vocabulary_from_counts(counts.items(), lowercase=True), cache_dir=None, progress=False
+    )
     assert report.coverage >= MIN_GLOVE_COVERAGE, report

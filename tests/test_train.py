@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn.checkpoint import load_checkpoint, save_checkpoint
-from spinn.config import build_train_config
+from spinn.data.prepare import prepare
+from spinn.data.vocab import Vocabulary, vocab_stage
 from spinn.errors import SpinnError
-from spinn.evaluate import evaluate
-from spinn.prepare import prepare
-from spinn.train import train
-from spinn.vocab import Vocabulary, vocab_stage
+from spinn.model.checkpoint import load_checkpoint, save_checkpoint
+from spinn.training.config import TrainConfig
+from spinn.training.evaluate import EvaluateSettings, evaluate
+from spinn.training.train import train
 
 TINY_MODEL = {"d_hidden": 16, "d_tracker": 8, "mlp_dim": 32, "mlp_layers": 1}
 DEV_PAIRS = 120
@@ -50,29 +50,45 @@ def workdir(tmp_path, monkeypatch) -> Path:
 
 
 def tiny_config(**settings):
-    base = {"model": {"variant": "spinn", **TINY_MODEL}, "batch_size": 16, "seed": 7, "device": "cpu",
-            "log_every": 1, "eval_every": 1, "checkpoint_every": 1, "threads": 1}
+    base = {
+        "model": {"variant": "spinn", **TINY_MODEL},
+        "batch_size": 16,
+        "seed": 7,
+        "device": "cpu",
+        "log_every": 1,
+        "eval_every": 1,
+        "checkpoint_every": 1,
+        "threads": 1,
+    }
     base.update(settings)
-    return build_train_config(base)
+    return TrainConfig.build(base)
 
 
 def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
     import mlflow
 
     config = tiny_config(max_steps=2, registered_model="spinn-test")
-    result = train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "models",
-                   progress=False)
+    result = train(
+        prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "models", progress=False
+    )
     assert result.steps == 2 and result.model_version == "1" and result.promoted
     client = mlflow.MlflowClient()
     run = client.get_run(result.run_id)
     assert run.info.status == "FINISHED"
     params = run.data.params
     assert params["model.variant"] == "spinn" and params["model.d_embed"] == "50"  # from GloVe 50d
-    assert params["learning_rate"] == str(2e-3) and params["embeddings"] == "glove-6b-50d"
+    assert params["learning_rate"] == str(2e-3) and params["embeddings.source"] == "glove-6b-50d"
     assert len(params["data.train_sha256"]) == 64 and params["data.dev_pairs"] == str(DEV_PAIRS - 1)
     assert run.data.tags["variant"] == "spinn" and run.data.tags["git_commit"]
-    for metric in ("train_loss", "train_accuracy", "dev_accuracy", "dev_transition_accuracy", "learning_rate",
-                   "pairs_per_second", "best_dev_accuracy"):
+    for metric in (
+        "train_loss",
+        "train_accuracy",
+        "dev_accuracy",
+        "dev_transition_accuracy",
+        "learning_rate",
+        "pairs_per_second",
+        "best_dev_accuracy",
+    ):
         assert metric in run.data.metrics, metric
     assert [m.step for m in client.get_metric_history(result.run_id, "train_loss")] == [1, 2]
     artifacts = {item.path for item in client.list_artifacts(result.run_id, "model")}
@@ -80,43 +96,87 @@ def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
     champion = client.get_model_version_by_alias("spinn-test", "champion")
     assert str(champion.version) == "1" and champion.run_id == result.run_id
     contents = load_checkpoint(result.best_checkpoint)
-    assert {"model_state", "optimizer_state", "scheduler_state", "model_config", "train_config", "vocab", "step",
-            "rng", "state"} <= set(contents)
+    assert {
+        "model_state",
+        "optimizer_state",
+        "model_config",
+        "train_config",
+        "vocab",
+        "step",
+        "rng",
+        "state",
+    } <= set(contents)
 
 
 def test_resuming_a_finished_run_registers_nothing_new(prepared, workdir):
     import mlflow
 
     config = tiny_config(max_steps=2, registered_model="spinn-once")
-    first = train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "m", progress=False)
-    again = train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "m", resume=True,
-                  progress=False)
+    first = train(
+        prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "m", progress=False
+    )
+    again = train(
+        prepared / "train.parquet",
+        prepared / "dev.parquet",
+        config,
+        output_dir=workdir / "m",
+        resume=True,
+        progress=False,
+    )
     assert (again.steps, again.run_id, again.model_version) == (first.steps, first.run_id, "1")
     assert len(mlflow.MlflowClient().search_model_versions("name = 'spinn-once'")) == 1
-    longer = train(prepared / "train.parquet", prepared / "dev.parquet",
-                   tiny_config(max_steps=4, registered_model="spinn-once"), output_dir=workdir / "m", resume=True,
-                   progress=False)
+    longer = train(
+        prepared / "train.parquet",
+        prepared / "dev.parquet",
+        tiny_config(max_steps=4, registered_model="spinn-once"),
+        output_dir=workdir / "m",
+        resume=True,
+        progress=False,
+    )
     assert longer.steps == 4 and longer.run_id == first.run_id
 
 
 def test_alias_moves_only_to_a_better_model(prepared, workdir):
-    first = train(prepared / "train.parquet", prepared / "dev.parquet",
-                  tiny_config(max_steps=12, registered_model="spinn-alias"), output_dir=workdir / "a", progress=False)
-    worse = train(prepared / "train.parquet", prepared / "dev.parquet",
-                  tiny_config(max_steps=1, learning_rate=1e-9, registered_model="spinn-alias"),
-                  output_dir=workdir / "b", progress=False)
+    first = train(
+        prepared / "train.parquet",
+        prepared / "dev.parquet",
+        tiny_config(max_steps=12, registered_model="spinn-alias"),
+        output_dir=workdir / "a",
+        progress=False,
+    )
+    worse = train(
+        prepared / "train.parquet",
+        prepared / "dev.parquet",
+        tiny_config(max_steps=1, learning_rate=1e-9, registered_model="spinn-alias"),
+        output_dir=workdir / "b",
+        progress=False,
+    )
     assert first.promoted
     assert worse.best_dev_accuracy < first.best_dev_accuracy, "the control run should be worse"
     assert not worse.promoted and worse.model_version == "2"
 
 
 def test_evaluate_from_checkpoint_and_registry_agree(prepared, workdir):
-    result = train(prepared / "train.parquet", prepared / "dev.parquet",
-                   tiny_config(max_steps=3, registered_model="spinn-eval"), output_dir=workdir / "m", progress=False)
-    from_file = evaluate(result.best_checkpoint, prepared / "dev.parquet", workdir / "a.json",
-                         plot=workdir / "confusion.png", transitions="gold")
-    from_registry = evaluate("models:/spinn-eval@champion", prepared / "dev.parquet", workdir / "b.json",
-                             transitions="gold")
+    result = train(
+        prepared / "train.parquet",
+        prepared / "dev.parquet",
+        tiny_config(max_steps=3, registered_model="spinn-eval"),
+        output_dir=workdir / "m",
+        progress=False,
+    )
+    from_file = evaluate(
+        result.best_checkpoint,
+        prepared / "dev.parquet",
+        workdir / "a.json",
+        EvaluateSettings(transitions="gold"),
+        plot=workdir / "confusion.png",
+    )
+    from_registry = evaluate(
+        "models:/spinn-eval@champion",
+        prepared / "dev.parquet",
+        workdir / "b.json",
+        EvaluateSettings(transitions="gold"),
+    )
     assert from_file == from_registry
     assert from_file.accuracy == pytest.approx(result.best_dev_accuracy)
     report = json.loads((workdir / "a.json").read_text())
@@ -129,24 +189,45 @@ def test_evaluate_from_checkpoint_and_registry_agree(prepared, workdir):
 
 
 def test_another_vocabulary_is_refused(prepared, workdir):
-    result = train(prepared / "train.parquet", prepared / "dev.parquet", tiny_config(max_steps=1),
-                   output_dir=workdir / "m", progress=False, register=False)
+    result = train(
+        prepared / "train.parquet",
+        prepared / "dev.parquet",
+        tiny_config(max_steps=1),
+        output_dir=workdir / "m",
+        progress=False,
+        register=False,
+    )
     other = Vocabulary.load(prepared / "vocab.json")
     other = Vocabulary(other.tokens[:-1] + ("zebra-unseen",), other.counts, other.lowercase, other.min_freq)
     other.save(workdir / "other_vocab.json")
     with pytest.raises(SpinnError, match="vocabulary .* differs from .*other_vocab.json"):
-        evaluate(result.best_checkpoint, prepared / "dev.parquet", workdir / "x.json", vocab=workdir / "other_vocab.json")
+        evaluate(
+            result.best_checkpoint, prepared / "dev.parquet", workdir / "x.json", vocab=workdir / "other_vocab.json"
+        )
     with pytest.raises(SpinnError, match="last.pt: checkpoint vocabulary"):
-        train(prepared / "train.parquet", prepared / "dev.parquet", tiny_config(max_steps=2),
-              output_dir=workdir / "m", vocab_path=workdir / "other_vocab.json", resume=True, progress=False)
+        train(
+            prepared / "train.parquet",
+            prepared / "dev.parquet",
+            tiny_config(max_steps=2),
+            output_dir=workdir / "m",
+            vocab_path=workdir / "other_vocab.json",
+            resume=True,
+            progress=False,
+        )
 
 
 def test_wrong_schema_is_refused(prepared, workdir):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    result = train(prepared / "train.parquet", prepared / "dev.parquet", tiny_config(max_steps=1),
-                   output_dir=workdir / "m", progress=False, register=False)
+    result = train(
+        prepared / "train.parquet",
+        prepared / "dev.parquet",
+        tiny_config(max_steps=1),
+        output_dir=workdir / "m",
+        progress=False,
+        register=False,
+    )
     pq.write_table(pa.table({"premise": ["a"]}), workdir / "bad.parquet")
     with pytest.raises(SpinnError, match="bad.parquet: prepared-pairs schema version none"):
         evaluate(result.best_checkpoint, workdir / "bad.parquet", workdir / "x.json")
@@ -180,10 +261,30 @@ def spinn_train(*args: str, cwd: Path) -> subprocess.Popen:
 
 @pytest.mark.slow
 def test_resume_after_kill_reaches_the_same_weights(prepared, workdir):
-    common = ["--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet"), "--no-register",
-              "--set", "model.variant=spinn", *[f"--set=model.{k}={v}" for k, v in TINY_MODEL.items()],
-              "--set", f"max_steps={KILL_RUN_STEPS}", "--set", "checkpoint_every=5", "--set", "eval_every=10",
-              "--set", "batch_size=16", "--set", "seed=3", "--set", "threads=1", "--device", "cpu"]
+    common = [
+        "--train",
+        str(prepared / "train.parquet"),
+        "--dev",
+        str(prepared / "dev.parquet"),
+        "--no-register",
+        "--set",
+        "model.variant=spinn",
+        *[f"--set=model.{k}={v}" for k, v in TINY_MODEL.items()],
+        "--set",
+        f"max_steps={KILL_RUN_STEPS}",
+        "--set",
+        "checkpoint_every=5",
+        "--set",
+        "eval_every=10",
+        "--set",
+        "batch_size=16",
+        "--set",
+        "seed=3",
+        "--set",
+        "threads=1",
+        "--device",
+        "cpu",
+    ]
     whole = spinn_train(*common, "--output", "whole", cwd=workdir)
     assert whole.wait(timeout=600) == 0, whole.stdout.read()
 
@@ -207,3 +308,121 @@ def test_resume_after_kill_reaches_the_same_weights(prepared, workdir):
         assert torch.equal(tensor, actual["model_state"][name]), name
     assert actual["state"]["best_dev_accuracy"] == expected["state"]["best_dev_accuracy"]
     assert actual["state"]["run_id"] == load_checkpoint(workdir / "killed" / "best.pt")["state"]["run_id"]
+
+
+def test_rng_states_restore_whatever_device_or_dtype_they_come_back_as():
+    """A resumed run on CUDA got its CPU generator state back as a CUDA tensor (torch.load's map_location
+    moves every tensor); set_rng_state wants a CPU byte tensor. Restoring must not care how they come back."""
+    import random
+
+    from spinn.model.checkpoint import restore_rng_states, rng_states
+
+    saved = rng_states()
+    expected = (torch.rand(4), random.random())
+    changed = {**saved, "torch": saved["torch"].to(torch.int64)}  # another dtype, as a careless load can give
+    restore_rng_states(changed)
+    assert torch.equal(torch.rand(4), expected[0]) and random.random() == expected[1]
+    restore_rng_states({**saved, "torch": saved["torch"].clone().as_strided(saved["torch"].shape, (1,))})
+    assert torch.equal(torch.rand(4), expected[0])
+
+
+# ----------------------------------------------------------------------------- an output folder holds one run
+
+
+def short_run(prepared: Path, output_dir: Path, **options):
+    return train(
+        prepared / "train.parquet",
+        prepared / "dev.parquet",
+        tiny_config(max_steps=options.pop("max_steps", 2)),
+        output_dir=output_dir,
+        progress=False,
+        register=False,
+        **options,
+    )
+
+
+def test_a_new_run_refuses_a_folder_holding_an_earlier_run_unless_told_to_overwrite(prepared, workdir):
+    first = short_run(prepared, workdir / "m", max_steps=3)
+    before = {name: (workdir / "m" / name).read_bytes() for name in ("last.pt", "best.pt")}
+    with pytest.raises(SpinnError, match=r"m: holds last\.pt, best\.pt of an earlier run; .*--resume.*--overwrite"):
+        short_run(prepared, workdir / "m")
+    assert {name: (workdir / "m" / name).read_bytes() for name in before} == before
+    replaced = short_run(prepared, workdir / "m", overwrite=True)
+    assert replaced.run_id != first.run_id and load_checkpoint(workdir / "m" / "last.pt")["step"] == 2
+    with pytest.raises(SpinnError, match="give one"):
+        short_run(prepared, workdir / "m", resume=True, overwrite=True)
+
+
+def test_the_command_refuses_a_folder_holding_an_earlier_run_in_one_line(prepared, workdir):
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    short_run(prepared, workdir / "m")
+    data = ["--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet")]
+    tiny = [f"--set=model.{key}={value}" for key, value in TINY_MODEL.items()]
+    result = CliRunner().invoke(main, ["train", *data, *tiny, "--output-dir", str(workdir / "m"), "--no-register"])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(f"error: {workdir / 'm'}: holds last.pt, best.pt of an earlier run")
+    overwritten = CliRunner().invoke(
+        main, ["train", *data, *tiny, "--set=max_steps=1", "--output-dir", str(workdir / "m"), "--overwrite"]
+    )
+    assert overwritten.exit_code == 0, overwritten.output
+
+
+def test_a_second_run_in_a_busy_folder_is_refused(prepared, workdir):
+    from spinn.io import FolderBusy, lock_folder
+
+    with lock_folder(workdir / "m"), pytest.raises(FolderBusy, match=f"in use by another run: pid {os.getpid()}"):
+        short_run(prepared, workdir / "m")
+
+
+def test_temporaries_a_killed_run_left_go_at_the_next_start(prepared, workdir):
+    """A temporary named without its writer (as before 0.2) goes once it is a few days old."""
+    (workdir / "m").mkdir()
+    stale = workdir / "m" / ".last.pt.ab12cd34.tmp"
+    stale.write_bytes(b"half a checkpoint")
+    days_ago = time.time() - 3 * 24 * 60 * 60
+    os.utime(stale, (days_ago, days_ago))
+    short_run(prepared, workdir / "m", max_steps=1)
+    assert not stale.exists()
+
+
+@pytest.mark.slow
+def test_a_run_killed_before_its_first_checkpoint_is_marked_killed_by_the_next(prepared, workdir):
+    import mlflow
+
+    slow = ["--set", "max_steps=100000", "--set", "checkpoint_every=100000", "--set", "eval_every=100000"]
+    data = ["--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet"), "--no-register"]
+    tiny = [f"--set=model.{key}={value}" for key, value in TINY_MODEL.items()]
+    killed = spinn_train(*data, *tiny, *slow, "--set", "threads=1", "--device", "cpu", "--output-dir", "m", cwd=workdir)
+    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])  # not one an earlier test set in-process
+    deadline = time.monotonic() + 300
+    running = []
+    while not running and killed.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        if (workdir / "mlflow.db").exists():
+            running = client.search_runs(
+                [e.experiment_id for e in client.search_experiments()], "attributes.status = 'RUNNING'"
+            )
+    killed.send_signal(signal.SIGKILL)
+    killed.wait(timeout=60)
+    assert len(running) == 1 and not (workdir / "m" / "last.pt").exists()
+    run_id = running[0].info.run_id
+    later = spinn_train(*data, *tiny, "--set", "max_steps=1", "--device", "cpu", "--output-dir", "m", cwd=workdir)
+    assert later.wait(timeout=600) == 0, later.stdout.read()
+    assert client.get_run(run_id).info.status == "KILLED"
+
+
+@pytest.mark.slow
+def test_two_runs_started_together_on_a_fresh_store_both_work(prepared, workdir):
+    data = ["--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet")]
+    tiny = [f"--set=model.{key}={value}" for key, value in TINY_MODEL.items()]
+    runs = [
+        spinn_train(*data, *tiny, "--set", "max_steps=2", "--set", "threads=1", "--output-dir", name, cwd=workdir)
+        for name in ("a", "b")
+    ]
+    for run in runs:
+        assert run.wait(timeout=600) == 0, run.stdout.read()
+    again = spinn_train(*data, *tiny, "--set", "max_steps=1", "--output-dir", "c", cwd=workdir)
+    assert again.wait(timeout=600) == 0, again.stdout.read()

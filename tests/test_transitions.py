@@ -9,17 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spinn.transitions import (
+from spinn.trees.transitions import (
     Transition,
     TransitionError,
     check_transitions,
     parse_binary,
     read_binary_parse,
+    right_branching,
     transition_count,
     transitions_to_tree,
     tree_to_transitions,
 )
-from spinn.trees import Tree, TreeError, TreeProblem, format_binary, leaf, node
+from spinn.trees.tree import Tree, TreeError, TreeProblem, format_binary, leaf, node
 
 S, R = Transition.SHIFT, Transition.REDUCE
 
@@ -79,6 +80,20 @@ def test_string_scan_equals_tree_walk(tree):
 def test_illegal_sequences_are_refused(transitions, n_tokens, message):
     with pytest.raises(TransitionError, match=message):
         check_transitions(transitions, n_tokens)
+
+
+def right_branching_parse(words: list[str]) -> str:
+    """w1 (w2 (w3 ...)) in SNLI's bracket format."""
+    return words[0] if len(words) == 1 else f"( {words[0]} {right_branching_parse(words[1:])} )"
+
+
+@pytest.mark.parametrize("n_tokens", range(1, 7))
+def test_right_branching_is_a_legal_sequence_over_every_word(n_tokens):
+    transitions = right_branching(n_tokens)
+    check_transitions(transitions, n_tokens)
+    assert len(transitions) == transition_count(n_tokens) == 2 * n_tokens - 1
+    words = [f"w{i}" for i in range(n_tokens)]
+    assert format_binary(transitions_to_tree(words, transitions)) == right_branching_parse(words)
 
 
 def test_non_binary_tree_has_no_transitions():

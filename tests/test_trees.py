@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from spinn.transitions import parse_binary
-from spinn.trees import Tree, TreeError, TreeProblem, format_binary, format_ptb, leaf, node, parse_ptb
+from spinn.trees.transitions import parse_binary
+from spinn.trees.tree import Tree, TreeError, TreeProblem, format_binary, format_ptb, leaf, node, parse_ptb
 
 DOG = "(ROOT (S (NP (DT A) (NN dog)) (VP (VBZ runs)) (. .)))"
 

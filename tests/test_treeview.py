@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from spinn.transitions import parse_binary
-from spinn.treeview import render_trees, tree_svg
+from spinn.trees.transitions import parse_binary
+from spinn.trees.treeview import render_trees, tree_svg
 
 
 def test_each_tree_is_one_svg_with_an_edge_per_link_and_its_words(tmp_path):

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from spinn.data.prepare import prepare
+from spinn.data.vocab import PAD, PAD_ID, UNK, UNK_ID, VocabSettings, Vocabulary, build_vocabulary, vocab_stage
 from spinn.errors import SpinnError
-from spinn.prepare import prepare
-from spinn.vocab import PAD, PAD_ID, UNK, UNK_ID, Vocabulary, build_vocabulary, vocab_stage
 
 
 def pair(pair_id: str, premise: str, hypothesis: str) -> str:
@@ -21,9 +21,16 @@ def pair(pair_id: str, premise: str, hypothesis: str) -> str:
             text = f"( {word} {text} )"
         return text
 
-    return json.dumps({"gold_label": "neutral", "pairID": pair_id, "sentence1": premise, "sentence2": hypothesis,
-                       "sentence1_binary_parse": parse(premise.split()),
-                       "sentence2_binary_parse": parse(hypothesis.split())})
+    return json.dumps(
+        {
+            "gold_label": "neutral",
+            "pairID": pair_id,
+            "sentence1": premise,
+            "sentence2": hypothesis,
+            "sentence1_binary_parse": parse(premise.split()),
+            "sentence2_binary_parse": parse(hypothesis.split()),
+        }
+    )
 
 
 @pytest.fixture
@@ -52,7 +59,7 @@ def test_case_and_min_freq_options(prepared):
 
 
 def test_saved_beside_the_parquet_and_loaded_back(prepared):
-    vocabulary, path = vocab_stage(prepared, min_freq=1)
+    vocabulary, path = vocab_stage(prepared, settings=VocabSettings(min_freq=1))
     assert path == prepared.parent / "vocab.json"
     assert Vocabulary.load(path) == vocabulary
 

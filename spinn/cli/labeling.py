@@ -1,0 +1,101 @@
+"""`spinn parse | label | trees`: stages for new text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, get_args
+
+import click
+
+from spinn.cli.common import PATH, output_file, output_folder
+from spinn.labeling.induce import TreesSettings
+from spinn.labeling.label import LabelSettings
+from spinn.options import field_options, given, renamed_option, resolve
+from spinn.parsing.parse import ParseSettings
+from spinn.settings import Device
+
+
+def _no_parse_cache(command):
+    return click.option("--no-parse-cache", is_flag=True, help="Neither read nor write the parse cache.")(command)
+
+
+def _without_cache(values: dict[str, Any], no_cache: bool) -> dict[str, Any]:
+    """--no-parse-cache: the parser settings' cache_path set to none."""
+    if no_cache:
+        values.setdefault("parsing", {})["cache_path"] = None
+    return values
+
+
+@click.command()
+@click.argument("input_path", metavar="INPUT", type=PATH)
+@click.option(
+    "--output-dir", type=PATH, help="Folder for <split>.parquet and <split>.rejects.jsonl.  [default: data/prepared]"
+)
+@renamed_option("--output", "--output-dir", "old_output", type=PATH)
+@renamed_option("--device", "--parser-device", "old_device", type=click.Choice(get_args(Device)))
+@click.option("--split", help="Split name (default: from the file name).")
+@_no_parse_cache
+@field_options(ParseSettings)
+def parse(
+    input_path: Path,
+    output_dir: Path | None,
+    old_output: Path | None,
+    old_device: str | None,
+    split: str | None,
+    no_parse_cache: bool,
+    **options: Any,
+) -> None:
+    """Parse sentence pairs (CSV, TSV, JSONL, Parquet) with Stanza into prepared Parquet, like `spinn prepare`."""
+    from spinn.parsing.parse import parse_pairs
+
+    old = {"parsing": {"device": old_device}} if old_device else {}
+    values = _without_cache(given(ParseSettings, options), no_parse_cache)
+    settings = resolve(ParseSettings, None, old, values)
+    folder = output_folder(output_dir, old_output, Path("data/prepared"))
+    summary = parse_pairs(input_path, folder, settings, split=split)
+    click.echo("\n".join(summary.report()))
+
+
+@click.command()
+@click.argument("input_path", metavar="INPUT", type=PATH)
+@click.option(
+    "--model", "model_reference", required=True, help="Checkpoint path or MLflow model URI (models:/spinn@champion)."
+)
+@click.option("--output", type=click.Path(), callback=output_file, required=True, help="Predictions Parquet file.")
+@_no_parse_cache
+@field_options(LabelSettings)
+def label(input_path: Path, model_reference: str, output: Path, no_parse_cache: bool, **options: Any) -> None:
+    """Label sentence pairs with a trained model: label, probabilities and trees per row; resumable."""
+    from spinn.labeling.label import label as label_stage
+
+    settings = resolve(LabelSettings, None, _without_cache(given(LabelSettings, options), no_parse_cache))
+    summary = label_stage(input_path, model_reference, output, settings)
+    click.echo("\n".join(summary.report()))
+
+
+@click.command()
+@click.argument("input_path", metavar="INPUT", type=PATH, required=False)
+@renamed_option("--input", "the INPUT argument", "old_input", type=PATH)
+@click.option("--model", "model_reference", required=True, help="A spinn or rl checkpoint, or an MLflow model URI.")
+@click.option("--output", type=PATH, required=True, help="One bracketed tree per line.")
+@click.option("--html", type=PATH, help="Also draw the first trees as SVG in this HTML page.")
+@field_options(TreesSettings)
+def trees(
+    input_path: Path | None,
+    old_input: Path | None,
+    model_reference: str,
+    output: Path,
+    html: Path | None,
+    **options: Any,
+) -> None:
+    """Write the binary trees a model builds by itself, in SNLI's bracket format.
+
+    INPUT: a .txt file with one sentence per line, or a sentence-pair file (CSV, TSV, JSONL, Parquet)."""
+    from spinn.labeling.induce import induce_trees
+
+    source = input_path or old_input
+    if source is None:
+        raise click.UsageError("Missing argument 'INPUT'.")
+    settings = resolve(TreesSettings, None, given(TreesSettings, options))
+    count = induce_trees(model_reference, source, output, settings, html=html)
+    click.echo(f"{count} trees written to {output}" + (f"; drawings in {html}" if html else ""))

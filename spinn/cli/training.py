@@ -1,0 +1,144 @@
+"""`spinn train | evaluate`: the training and evaluation stages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from spinn.cli.common import PATH, config_option, output_folder
+from spinn.options import field_options, given, renamed_option, resolve
+from spinn.training.config import TrainConfig
+from spinn.training.evaluate import EvaluateSettings
+
+
+@click.command()
+@click.option(
+    "--train",
+    "train_path",
+    type=PATH,
+    default=Path("data/prepared/train.parquet"),
+    show_default=True,
+    help="Prepared training split.",
+)
+@click.option(
+    "--dev",
+    "dev_path",
+    type=PATH,
+    default=Path("data/prepared/dev.parquet"),
+    show_default=True,
+    help="Prepared dev split (periodic evaluation, early stopping, model selection).",
+)
+@click.option("--vocab", "vocab_path", type=PATH, help="Vocabulary (default: vocab.json beside --train).")
+@click.option("--output-dir", type=PATH, help="Folder for last.pt, best.pt and report.json.  [default: data/models]")
+@renamed_option("--output", "--output-dir", "old_output", type=PATH)
+@click.option(
+    "--embeddings-dir",
+    type=PATH,
+    default=Path("data/embeddings"),
+    show_default=True,
+    help="Cache of aligned word vectors (`spinn embeddings` fills it).",
+)
+@click.option("--metrics-dir", type=PATH, help="Also write train.json and the train/dev curves (CSV) here, for DVC.")
+@click.option("--resume", is_flag=True, help="Continue from OUTPUT_DIR/last.pt (same MLflow run).")
+@click.option(
+    "--overwrite", is_flag=True, help="Replace the run in OUTPUT_DIR (without it, a folder holding one is refused)."
+)
+@click.option("--run-name", help="MLflow run name.")
+@click.option("--no-register", is_flag=True, help="Do not register the model in the MLflow registry.")
+@click.option(
+    "--config", "config_path", type=PATH, help="params.yaml whose `train` and `embeddings` sections set the run."
+)
+@click.option(
+    "--set",
+    "overrides",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Any setting by its dotted name, e.g. --set model.d_hidden=100 (repeatable; read as YAML).",
+)
+@field_options(TrainConfig)
+def train(
+    train_path: Path,
+    dev_path: Path,
+    vocab_path: Path | None,
+    output_dir: Path | None,
+    old_output: Path | None,
+    embeddings_dir: Path,
+    metrics_dir: Path | None,
+    resume: bool,
+    overwrite: bool,
+    run_name: str | None,
+    no_register: bool,
+    config_path: Path | None,
+    overrides: tuple[str, ...],
+    **options: Any,
+) -> None:
+    """Train a SPINN model with MLflow tracking, checkpoints and model registration."""
+    from spinn.settings import overrides_from
+    from spinn.training.train import train as train_stage
+    from spinn.training.train import write_metrics_files
+
+    config = resolve(TrainConfig, config_path, overrides_from(overrides), given(TrainConfig, options))
+    result = train_stage(
+        train_path,
+        dev_path,
+        config,
+        output_dir=output_folder(output_dir, old_output, Path("data/models")),
+        vocab_path=vocab_path,
+        embeddings_dir=embeddings_dir,
+        resume=resume,
+        overwrite=overwrite,
+        run_name=run_name,
+        register=not no_register,
+    )
+    if result is None:  # a rank other than 0 under torchrun: rank 0 reports
+        return
+    click.echo(
+        f"best dev accuracy {result.best_dev_accuracy:.4f} at step {result.best_step} of {result.steps} "
+        f"({result.pairs_per_second:.0f} pairs/s over {result.train_seconds:.0f} s of training)"
+    )
+    click.echo(f"checkpoint {result.best_checkpoint}; MLflow run {result.run_id}")
+    if result.model_version is not None:
+        promoted = f", now @{config.alias}" if result.promoted else f"; @{config.alias} stays (it scores higher on dev)"
+        click.echo(f"registered as models:/{config.registered_model}/{result.model_version}{promoted}")
+    if metrics_dir is not None:
+        click.echo(f"metrics and curves written to {', '.join(map(str, write_metrics_files(result, metrics_dir)))}")
+
+
+@click.command()
+@click.option(
+    "--model",
+    "model_reference",
+    required=True,
+    help="Checkpoint path or MLflow model URI (models:/spinn@champion, runs:/ID/model).",
+)
+@click.option("--data", type=PATH, required=True, help="Prepared split to score.")
+@click.option("--output", type=PATH, default=Path("metrics.json"), show_default=True, help="Metrics JSON.")
+@click.option("--plot", type=PATH, help="Also write the confusion matrix as a PNG here.")
+@click.option("--predictions", type=PATH, help="Also write actual,predicted per pair as CSV here (DVC's plot).")
+@click.option("--vocab", type=PATH, help="Check the model was trained with this vocabulary.")
+@config_option("evaluate")
+@field_options(EvaluateSettings)
+def evaluate(
+    model_reference: str,
+    data: Path,
+    output: Path,
+    plot: Path | None,
+    predictions: Path | None,
+    vocab: Path | None,
+    config_path: Path | None,
+    **options: Any,
+) -> None:
+    """Score a trained model on a prepared split: accuracy, per-class P/R/F1, confusion matrix."""
+    from spinn.training.evaluate import evaluate as evaluate_stage
+
+    settings = resolve(EvaluateSettings, config_path, given(EvaluateSettings, options))
+    metrics = evaluate_stage(model_reference, data, output, settings, plot=plot, predictions=predictions, vocab=vocab)
+    line = f"accuracy {metrics.accuracy:.4f} on {metrics.examples} pairs (macro F1 {metrics.macro_f1:.4f})"
+    if metrics.transition_accuracy is not None:
+        line += f", transition accuracy {metrics.transition_accuracy:.4f}"
+    if metrics.oov_share is not None:
+        line += f"; {metrics.oov_share:.1%} of tokens out of the model's vocabulary"
+    click.echo(line)
+    click.echo(f"metrics written to {output}" + (f", confusion matrix to {plot}" if plot else ""))

@@ -1,0 +1,66 @@
+"""Why an input row was not used: the reasons, the record that says so, and the exception that carries one.
+
+Every reader (SNLI-format corpora, new sentence pairs, the parser) turns a bad
+row into a `Reject` naming the file, line, field and reason, written to a
+rejects file beside the output while the good rows go on; nothing is dropped
+silently. The reason values are what users find in those files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+
+class RejectReason(str, Enum):
+    """Why a line was not turned into a pair; the values appear in rejects files."""
+
+    MALFORMED_ENCODING = "malformed_encoding"
+    MALFORMED_JSON = "malformed_json"
+    MALFORMED_ROW = "malformed_row"
+    MISSING_FIELD = "missing_field"
+    INVALID_FIELD = "invalid_field"
+    UNKNOWN_LABEL = "unknown_label"
+    EMPTY_PARSE = "empty_parse"
+    UNBALANCED_PARSE = "unbalanced_parse"
+    MALFORMED_PARSE = "malformed_parse"
+    LEAF_MISMATCH = "leaf_mismatch"
+    EMPTY_SENTENCE = "empty_sentence"
+    TOO_LONG = "too_long"
+    PARSE_FAILED = "parse_failed"
+    DUPLICATE_ID = "duplicate_id"
+
+
+@dataclass(frozen=True, slots=True)
+class Reject:
+    file: str
+    line: int
+    reason: RejectReason
+    field: str | None
+    message: str
+    raw: str
+
+    def to_dict(self) -> dict[str, str | int | None]:
+        """The record as rejects files hold it (the reason as its value), for callers that add to it."""
+        return {
+            "file": self.file,
+            "line": self.line,
+            "reason": self.reason.value,
+            "field": self.field,
+            "message": self.message,
+            "raw": self.raw,
+        }
+
+    def to_json(self) -> str:
+        """One line of a rejects file; text stays as written (not \\u-escaped), since people read these files."""
+        return json.dumps(self.to_dict(), ensure_ascii=False)
+
+
+class RecordProblem(Exception):
+    """Raised while converting one record; becomes a Reject for that line."""
+
+    def __init__(self, reason: RejectReason, field: str | None, message: str):
+        super().__init__(message)
+        self.reason = reason
+        self.field = field

@@ -1,0 +1,512 @@
+"""Reading new sentence-pair corpora (no parses) from CSV, TSV, JSON lines or Parquet.
+
+A corpus to label with a trained model arrives as plain sentence pairs, in
+whatever shape the tool that made it writes: a spreadsheet export, a TSV dump,
+JSON lines, Parquet from a data frame. This module turns any of them into one
+stream, in file order, with one item per data row: an `InputPair`, or a
+`Reject` that names the file, line, field and reason. A bad row never stops the
+good ones and is never silently lost, so pairs + rejects always add up to the
+rows read. Each row keeps a stable 1-based number, the unit that labelling
+shards on, and the physical line a person can open the file at.
+
+Reading streams: memory stays flat apart from the set of ids already seen
+(needed to refuse duplicates). Problems with the whole file (missing, not
+readable, no premise or hypothesis column) raise `SpinnError` as soon as
+`read_input_pairs` is called, before any row is read.
+
+No parser runs here: `simple_tokenize` gives Penn-Treebank-like tokens for
+models that predict their own transitions.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import re
+import zlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import IO, Any, Literal, NamedTuple, get_args
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import Field
+
+from spinn.data.rejects import RecordProblem, Reject, RejectReason
+from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
+from spinn.errors import SpinnError
+from spinn.settings import Settings
+
+Format = Literal["csv", "tsv", "jsonl", "parquet"]
+FORMATS: tuple[str, ...] = get_args(Format)
+SUFFIX_FORMATS = {
+    ".csv": "csv",
+    ".tsv": "tsv",
+    ".tab": "tsv",
+    ".jsonl": "jsonl",
+    ".ndjson": "jsonl",
+    ".parquet": "parquet",
+}
+TEXT_FORMATS = ("csv", "tsv", "jsonl")  # the formats that may also come gzipped
+GZIP_SUFFIX = ".gz"
+GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by content, whatever the file's name
+UTF8_BOM = b"\xef\xbb\xbf"
+
+PREMISE_COLUMNS = ("premise", "sentence1")
+HYPOTHESIS_COLUMNS = ("hypothesis", "sentence2")
+ID_COLUMNS = ("id", "pair_id", "pairID")
+LABEL_COLUMNS = ("label", "gold_label")
+
+# CSV follows RFC 4180 (quoted fields may hold delimiters, quotes and newlines).
+# TSV has no quoting at all, as in SNLI, MultiNLI and GLUE: a `"` is just a character.
+DIALECTS: dict[str, dict[str, Any]] = {
+    "csv": {"delimiter": ","},
+    "tsv": {"delimiter": "\t", "quoting": csv.QUOTE_NONE},
+}
+JSONL_KEY_SAMPLE_ROWS = 1_000
+"""JSON lines have no header: the keys of this many leading objects stand in for one."""
+PARQUET_BATCH_ROWS = 8_192
+_READ_ERRORS = (OSError, EOFError, zlib.error)
+
+
+class Columns(Settings):
+    """Which columns hold the pair; None picks the first conventional name the file has."""
+
+    premise: str | None = Field(None, json_schema_extra={"cli": "--premise-column"})
+    """The premise column (default: premise, else sentence1)."""
+    hypothesis: str | None = Field(None, json_schema_extra={"cli": "--hypothesis-column"})
+    """The hypothesis column (default: hypothesis, else sentence2)."""
+    id: str | None = Field(None, json_schema_extra={"cli": "--id-column"})
+    """The pair id column (default: id, pair_id or pairID when present, else the row number)."""
+    label: str | None = Field(None, json_schema_extra={"cli": "--label-column"})
+    """Gold labels, optional (default: label or gold_label when present)."""
+
+
+@dataclass(frozen=True)
+class InputPair:
+    """One valid sentence pair as read, before any parsing or tokenizing."""
+
+    row: int  # 1-based data row (header and blank lines excluded), stable across reruns: the unit of sharding
+    line: int  # physical line where the row starts in a text file (header counted); for parquet, equal to row
+    pair_id: str
+    premise: str
+    hypothesis: str
+    label: str | None  # one of LABELS, or None (no label column, empty, or "-")
+
+
+class _Row(NamedTuple):
+    """One data row as read, before validation: its values, or the problem reading it."""
+
+    row: int
+    line: int
+    raw: str
+    values: Mapping[str, Any] | RecordProblem
+
+
+class _Line(NamedTuple):
+    number: int
+    text: str  # decoded, newline kept; undecodable bytes shown as U+FFFD
+    encoding_error: str | None
+
+
+@dataclass(frozen=True)
+class _Reader:
+    available: Callable[[Path], list[str]]  # the file's column names
+    rows: Callable[[Path, Columns], Iterator[_Row]]
+
+
+# --------------------------------------------------------------------------- public entry points
+
+
+def readable_suffixes() -> tuple[str, ...]:
+    """Every file-name ending `detect_format` accepts (lower case; names are matched case-blind):
+    each suffix in SUFFIX_FORMATS, and the gzipped forms of the text ones.
+
+    Tools that pick files up by name (the label-pairs inbox) take this list, so
+    they read exactly what the readers can, no more and no less.
+    """
+    gzipped = (suffix + GZIP_SUFFIX for suffix, fmt in SUFFIX_FORMATS.items() if fmt in TEXT_FORMATS)
+    return (*SUFFIX_FORMATS, *gzipped)
+
+
+def detect_format(path: Path, fmt: str | None = None) -> str:
+    """The format named by `fmt`, else the one the file name's suffix implies (`.gz` allowed for text)."""
+    if fmt is not None:
+        if fmt.lower() not in FORMATS:
+            raise SpinnError(f"{path}: unknown format {fmt!r}; expected one of {', '.join(FORMATS)}")
+        return fmt.lower()
+    name = Path(path).name.lower()
+    stem = name.removesuffix(GZIP_SUFFIX)
+    detected = SUFFIX_FORMATS.get(Path(stem).suffix)
+    if detected is None or (stem != name and detected not in TEXT_FORMATS):
+        raise SpinnError(
+            f"{path}: cannot tell the format from the file name; expected a suffix among "
+            f"{', '.join(SUFFIX_FORMATS)} ({GZIP_SUFFIX} allowed for text), or name one of {', '.join(FORMATS)}"
+        )
+    return detected
+
+
+def read_input_pairs(
+    path: Path, columns: Columns | None = None, fmt: str | None = None
+) -> Iterator[InputPair | Reject]:
+    """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now."""
+    path, columns = Path(path), columns or Columns()
+    if not path.is_file():
+        raise SpinnError(f"{path}: no such file")
+    reader = _READERS[detect_format(path, fmt)]
+    resolved = resolve_columns(reader.available(path), columns, path)
+    return _validated(path, resolved, reader.rows(path, resolved))
+
+
+def resolve_columns(available: Sequence[str], columns: Columns, path: Path) -> Columns:
+    """The concrete column names; in the result, a None id or label means the file has none."""
+    names = list(available)
+    return Columns(
+        premise=_find_column(names, columns.premise, PREMISE_COLUMNS, "premise", path, required=True),
+        hypothesis=_find_column(names, columns.hypothesis, HYPOTHESIS_COLUMNS, "hypothesis", path, required=True),
+        id=_find_column(names, columns.id, ID_COLUMNS, "id", path, required=False),
+        label=_find_column(names, columns.label, LABEL_COLUMNS, "label", path, required=False),
+    )
+
+
+def _find_column(
+    available: list[str], given: str | None, conventional: tuple[str, ...], role: str, path: Path, required: bool
+) -> str | None:
+    """The column for one role; a column named explicitly must exist, as must a required one."""
+    looked_for = (given,) if given is not None else conventional
+    found = next((name for name in looked_for if name in available), None)
+    if found is None and (required or given is not None):
+        raise SpinnError(
+            f"{path}: no {role} column (looked for {' or '.join(map(repr, looked_for))}); "
+            f"the file has {', '.join(map(repr, available)) or 'no columns'}"
+        )
+    return found
+
+
+# --------------------------------------------------------------------------- validating rows
+
+
+def _validated(path: Path, columns: Columns, rows: Iterator[_Row]) -> Iterator[InputPair | Reject]:
+    seen: set[str] = set()
+    for row in rows:
+        yield _pair_or_reject(path, columns, row, seen)
+
+
+def _pair_or_reject(path: Path, columns: Columns, row: _Row, seen: set[str]) -> InputPair | Reject:
+    """Validate one row; the first problem found becomes its Reject. Only kept pairs claim their id."""
+    try:
+        if isinstance(row.values, RecordProblem):
+            raise row.values
+        premise = _sentence(row.values, columns.premise)
+        hypothesis = _sentence(row.values, columns.hypothesis)
+        label = _label(row.values, columns.label)
+        pair_id = _pair_id(row.values, columns.id, row.row)
+        if pair_id in seen:
+            raise RecordProblem(RejectReason.DUPLICATE_ID, columns.id, f"id {pair_id!r} was seen earlier in the file")
+    except RecordProblem as problem:
+        return Reject(str(path), row.line, problem.reason, problem.field, str(problem), row.raw)
+    seen.add(pair_id)
+    return InputPair(row.row, row.line, pair_id, premise, hypothesis, label)
+
+
+def _present(values: Mapping[str, Any], column: str) -> Any:
+    value = values.get(column)
+    if value is None:
+        raise RecordProblem(RejectReason.MISSING_FIELD, column, f"field {column!r} is missing")
+    return value
+
+
+def _invalid(column: str, value: Any, expected: str) -> RecordProblem:
+    return RecordProblem(
+        RejectReason.INVALID_FIELD, column, f"field {column!r} is a {type(value).__name__}, expected {expected}"
+    )
+
+
+def _sentence(values: Mapping[str, Any], column: str) -> str:
+    value = _present(values, column)
+    if not isinstance(value, str):
+        raise _invalid(column, value, "a string")
+    sentence = value.strip()
+    if not sentence:
+        raise RecordProblem(RejectReason.EMPTY_SENTENCE, column, f"field {column!r} is empty")
+    return sentence
+
+
+def _label(values: Mapping[str, Any], column: str | None) -> str | None:
+    """A label name, compared case-insensitively; empty and "-" (no consensus) mean unlabelled."""
+    value = values.get(column) if column is not None else None
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _invalid(column, value, f"a label name ({', '.join(LABELS)})")
+    label = value.strip().lower()
+    if label in ("", NO_CONSENSUS_LABEL):
+        return None
+    if label not in LABELS:
+        raise RecordProblem(
+            RejectReason.UNKNOWN_LABEL,
+            column,
+            f"unknown label {value!r}; expected one of {', '.join(LABELS)}, '-' or empty",
+        )
+    return label
+
+
+def _pair_id(values: Mapping[str, Any], column: str | None, row: int) -> str:
+    if column is None:
+        return str(row)
+    value = _present(values, column)
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        raise _invalid(column, value, "a string or an integer")
+    pair_id = str(value).strip()
+    if not pair_id:
+        raise RecordProblem(RejectReason.MISSING_FIELD, column, f"field {column!r} is empty")
+    return pair_id
+
+
+# --------------------------------------------------------------------------- text files: lines
+
+
+@contextmanager
+def _open_bytes(path: Path) -> Iterator[IO[bytes]]:
+    """The file as bytes, gunzipped when its content is gzip."""
+    with open(path, "rb") as stream:
+        gzipped = stream.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+        stream.seek(0)
+        yield gzip.GzipFile(fileobj=stream) if gzipped else stream
+
+
+def _lines(stream: IO[bytes], path: Path) -> Iterator[_Line]:
+    """Physical lines, numbered from 1, each decoded on its own so one bad byte spoils one row only."""
+    try:
+        for number, raw in enumerate(stream, start=1):
+            if number == 1:
+                raw = raw.removeprefix(UTF8_BOM)
+            try:
+                yield _Line(number, raw.decode("utf-8"), None)
+            except UnicodeDecodeError as error:
+                yield _Line(number, raw.decode("utf-8", errors="replace"), f"not UTF-8: {error.reason}")
+    except _READ_ERRORS as error:
+        raise SpinnError(f"{path}: cannot read: {error}") from None
+
+
+# --------------------------------------------------------------------------- csv and tsv
+
+
+class _LineFeed:
+    """Feeds lines to csv.reader and keeps those it took, so each row knows its lines."""
+
+    def __init__(self, lines: Iterator[_Line]):
+        self._lines = lines
+        self.taken: list[_Line] = []
+        self.count = 0
+
+    def __iter__(self) -> _LineFeed:
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._lines)
+        self.taken.append(line)
+        self.count = line.number
+        return line.text
+
+    def take(self) -> list[_Line]:
+        taken, self.taken = self.taken, []
+        return taken
+
+
+@contextmanager
+def _delimited(path: Path, fmt: str) -> Iterator[tuple[Iterator[list[str]], _LineFeed, list[str]]]:
+    """An open csv reader past the header, its line feed, and the header."""
+    with _open_bytes(path) as stream:
+        feed = _LineFeed(_lines(stream, path))
+        reader = csv.reader(feed, **DIALECTS[fmt])
+        yield reader, feed, _header(reader, feed, path)
+
+
+def _header(reader: Iterator[list[str]], feed: _LineFeed, path: Path) -> list[str]:
+    try:
+        header = next(reader, None)
+    except csv.Error as error:
+        raise SpinnError(f"{path}: unreadable header row: {error}") from None
+    if not header:
+        raise SpinnError(f"{path}: empty file; expected a header row naming the columns")
+    if any(line.encoding_error for line in feed.take()):
+        raise SpinnError(f"{path}: the header row is not UTF-8")
+    duplicates = sorted({name for name in header if header.count(name) > 1})
+    if duplicates:
+        raise SpinnError(f"{path}: the header names {', '.join(map(repr, duplicates))} more than once")
+    return header
+
+
+def _delimited_columns(path: Path, fmt: str) -> list[str]:
+    with _delimited(path, fmt) as (_, _, header):
+        return header
+
+
+def _delimited_rows(path: Path, columns: Columns, fmt: str) -> Iterator[_Row]:
+    """Data rows; blank lines are not rows. A quoted field may span lines: the row's line is its first."""
+    del columns  # every field of a row is read anyway
+    with _delimited(path, fmt) as (reader, feed, header):
+        row = 0
+        while True:
+            start = feed.count + 1
+            try:
+                fields: list[str] | csv.Error = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as error:
+                fields = error
+            lines = feed.take()
+            raw = "".join(line.text for line in lines).rstrip("\r\n")
+            if raw.strip():
+                row += 1
+                yield _Row(row, start, raw, _delimited_values(fields, header, lines, fmt))
+
+
+def _delimited_values(
+    fields: list[str] | csv.Error, header: list[str], lines: list[_Line], fmt: str
+) -> Mapping[str, str] | RecordProblem:
+    encoding_error = next((line.encoding_error for line in lines if line.encoding_error), None)
+    if encoding_error:
+        return RecordProblem(RejectReason.MALFORMED_ENCODING, None, encoding_error)
+    if isinstance(fields, csv.Error):
+        return RecordProblem(RejectReason.MALFORMED_ROW, None, f"malformed {fmt} row: {fields}")
+    if len(fields) != len(header):
+        return RecordProblem(
+            RejectReason.MALFORMED_ROW, None, f"{len(fields)} {fmt} fields, the header has {len(header)}"
+        )
+    return dict(zip(header, fields, strict=True))
+
+
+# --------------------------------------------------------------------------- json lines
+
+
+def _jsonl_records(path: Path) -> Iterator[tuple[_Line, dict[str, Any] | RecordProblem]]:
+    """Each non-blank line with its JSON object or the problem reading it."""
+    with _open_bytes(path) as stream:
+        for line in _lines(stream, path):
+            if line.text.strip():
+                yield line, _json_object(line)
+
+
+def _json_object(line: _Line) -> dict[str, Any] | RecordProblem:
+    if line.encoding_error:
+        return RecordProblem(RejectReason.MALFORMED_ENCODING, None, line.encoding_error)
+    try:
+        value = json.loads(line.text)
+    except json.JSONDecodeError as error:
+        return RecordProblem(RejectReason.MALFORMED_JSON, None, f"malformed JSON: {error.msg} at column {error.colno}")
+    if not isinstance(value, dict):
+        return RecordProblem(RejectReason.MALFORMED_JSON, None, f"a JSON {type(value).__name__}, expected an object")
+    return value
+
+
+def _jsonl_columns(path: Path) -> list[str]:
+    """The keys of the leading objects, in first-seen order: one bad first line must not hide the columns."""
+    keys: dict[str, None] = {}
+    sampled = 0
+    for _, value in _jsonl_records(path):
+        if isinstance(value, dict):
+            keys.update(dict.fromkeys(value))
+            sampled += 1
+            if sampled == JSONL_KEY_SAMPLE_ROWS:
+                break
+    return list(keys)
+
+
+def _jsonl_rows(path: Path, columns: Columns) -> Iterator[_Row]:
+    del columns  # a JSON line is parsed whole
+    for row, (line, value) in enumerate(_jsonl_records(path), start=1):
+        yield _Row(row, line.number, line.text.rstrip("\r\n"), value)
+
+
+# --------------------------------------------------------------------------- parquet
+
+
+@contextmanager
+def _parquet_errors(path: Path) -> Iterator[None]:
+    try:
+        yield
+    except (pa.ArrowException, OSError) as error:
+        raise SpinnError(f"{path}: not a readable Parquet file ({error})") from None
+
+
+def _parquet_columns(path: Path) -> list[str]:
+    with _parquet_errors(path):
+        return pq.read_schema(path).names
+
+
+def _parquet_rows(path: Path, columns: Columns) -> Iterator[_Row]:
+    """Rows in record batches, reading only the columns in use; `raw` is the row as JSON."""
+    needed = list(
+        dict.fromkeys(
+            name for name in (columns.premise, columns.hypothesis, columns.id, columns.label) if name is not None
+        )
+    )
+    row = 0
+    with _parquet_errors(path):
+        for batch in pq.ParquetFile(path).iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=needed):
+            for values in batch.to_pylist():
+                row += 1
+                yield _Row(row, row, json.dumps(values, ensure_ascii=False, default=str), values)
+
+
+_READERS = {
+    "csv": _Reader(partial(_delimited_columns, fmt="csv"), partial(_delimited_rows, fmt="csv")),
+    "tsv": _Reader(partial(_delimited_columns, fmt="tsv"), partial(_delimited_rows, fmt="tsv")),
+    "jsonl": _Reader(_jsonl_columns, _jsonl_rows),
+    "parquet": _Reader(_parquet_columns, _parquet_rows),
+}
+
+
+# --------------------------------------------------------------------------- tokens
+
+_CLITIC = r"(?:s|re|ve|ll|d|m)\b"
+_TOKEN = re.compile(
+    rf"""
+      \.\.\. | --                                   # ellipsis, dash
+    | (?<!\w)(?:[^\W\d_]\.){{2,}}                   # abbreviations with inner periods: U.S., e.g., a.m.
+    | (?<!\w)(?:Mrs|Mr|Ms|Dr|St|Jr|Sr|vs)\.         # a few titles that are not sentence ends
+    | \d+(?:[.,:/]\d+)+                             # numbers with separators: 3.5, 1,000, 10:30, 1/2
+    | \w+(?=n't\b) | n't\b                          # negation: do|n't, ca|n't
+    | '{_CLITIC}                                    # clitics: 's 're 've 'll 'd 'm
+    | \w+(?:-\w+|'(?!{_CLITIC})\w+)*                # words, with hyphens or inner apostrophes: o'clock
+    | \S                                            # any other character on its own: punctuation, quotes
+    """,
+    re.VERBOSE | re.IGNORECASE,
+)
+_TYPOGRAPHIC_QUOTES = str.maketrans({"\u201c": '"', "\u201d": '"', "\u2018": "'", "\u2019": "'"})
+_PTB_BRACKETS = {"(": "-LRB-", ")": "-RRB-", "[": "-LSB-", "]": "-RSB-", "{": "-LCB-", "}": "-RCB-"}
+_OPEN_DOUBLE, _CLOSE_DOUBLE = "``", "''"
+_OPEN_SINGLE = "`"
+
+
+def simple_tokenize(text: str) -> list[str]:
+    """Penn-Treebank-like tokens, as in SNLI's parses, for when no parser runs.
+
+    Splits on whitespace; splits off punctuation, brackets and quotes; splits
+    clitics ("don't" -> do n't, "can't" -> ca n't, "dog's" -> dog 's). Kept
+    whole: numbers with separators (3.5, 1,000, 10:30), hyphenated words,
+    words with an inner apostrophe that is no clitic (o'clock), abbreviations
+    with inner periods (U.S., e.g.) and a few titles (Mr., Dr.) - so a
+    sentence-final "U.S." keeps its period rather than giving a separate ".".
+    Brackets become -LRB- -RRB- -LSB- -RSB- -LCB- -RCB-; double quotes become
+    `` and '' alternately; a single quote that starts a word becomes `.
+    Curly quotes count as straight ones.
+    """
+    text = text.translate(_TYPOGRAPHIC_QUOTES)
+    tokens: list[str] = []
+    double_quote_open = False
+    for match in _TOKEN.finditer(text):
+        token = match.group()
+        if token == '"':
+            double_quote_open = not double_quote_open
+            token = _OPEN_DOUBLE if double_quote_open else _CLOSE_DOUBLE
+        elif token == "'" and (match.start() == 0 or text[match.start() - 1].isspace()):
+            token = _OPEN_SINGLE
+        tokens.append(_PTB_BRACKETS.get(token, token))
+    return tokens

@@ -1,0 +1,1 @@
+"""SPINN itself: config, cells, thin stack, encoder and loss, batches, checkpoints and loading."""

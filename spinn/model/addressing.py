@@ -1,0 +1,175 @@
+"""Where every step of an encoding reads and writes in the node memory, so the model never asks the host.
+
+The encoder keeps every node vector of a batch in one memory (spinn/model/thin_stack.py)
+with a fixed row for everything it will ever hold:
+
+    row 0                          zeros: what an empty buffer or stack slot reads
+    rows 1 .. N*L                  word j of sentence n at 1 + n*L + j (padding words never read)
+    rows 1 + N*L + t*N + n         the node composed for sentence n at step t
+
+Every sentence starts at step 0 and runs its own 2n - 1 steps; each step, every
+sentence reads three rows (buffer top, stack second, stack top: the tracker's
+inputs, and the second and top are the left and right children of a REDUCE) and
+writes its composition to its own node row, which is read later only if the
+step reduced. So for gold transitions all addresses depend on the transitions
+alone: `gold_plan` works them out in numpy when the batch is made, ahead of the
+model, and the encoder runs with no data-dependent control flow and no host
+syncs. When the model chooses its own transitions (spinn without a parser, rl
+sampling), `DeviceStacks` keeps the same stacks as tensors on the device and
+works out each step's addresses with masks, again without a sync.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from spinn.errors import SpinnError
+from spinn.trees.transitions import Transition
+
+SHIFT, REDUCE = int(Transition.SHIFT), int(Transition.REDUCE)
+ZERO_ROW = 0
+WORD_BASE = 1
+READ_SLOTS = 3
+"""Rows each sentence reads per step: buffer top, stack second (left child), stack top (right child)."""
+BUFFER_SLOT, SECOND_SLOT, TOP_SLOT = range(READ_SLOTS)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The memory of a batch of `sentences` sentences padded to `width` words, run for `steps` steps."""
+
+    sentences: int  # N
+    width: int  # L
+    steps: int  # T
+
+    @property
+    def node_base(self) -> int:
+        return WORD_BASE + self.sentences * self.width
+
+    @property
+    def rows(self) -> int:
+        return self.node_base + self.steps * self.sentences
+
+    @classmethod
+    def of(cls, tokens: Tensor, steps: int) -> Layout:
+        return cls(tokens.shape[0], tokens.shape[1], steps)
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    """The addresses of gold transitions, and which steps are real; tensors on one device."""
+
+    reads: Tensor  # (T, N, 3) long: [buffer top, stack second, stack top] rows read at each step
+    roots: Tensor  # (N,) long: each sentence's root row after its last step
+    legal: Tensor  # (T, N, 2) bool: SHIFT and REDUCE legal before the step (masks the tracker's logits)
+    real: Tensor  # (T, N) bool: the step is one of the sentence's own 2n - 1
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> StepPlan:
+        return StepPlan(*(tensor.to(device, non_blocking=non_blocking) for tensor in self.tensors()))
+
+    def pin_memory(self) -> StepPlan:
+        return StepPlan(*(tensor.pin_memory() for tensor in self.tensors()))
+
+    def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return self.reads, self.roots, self.legal, self.real
+
+
+def real_steps(lengths: np.ndarray, steps: int) -> np.ndarray:
+    """(T, N) bool: step t is real for a sentence of n words when t < 2n - 1."""
+    return np.arange(steps)[:, None] < (2 * lengths - 1)[None, :]
+
+
+def gold_plan(transitions: np.ndarray, lengths: np.ndarray, width: int) -> StepPlan:
+    """Simulate the stacks of gold transitions (N, T), right-padded with a no-op, in numpy.
+
+    One vectorized update per step over all N sentences (about T x 15 numpy calls
+    for a whole batch), done on the host while the device works on the previous batch.
+    """
+    sentences, steps = transitions.shape
+    layout = Layout(sentences, width, steps)
+    rows = np.arange(sentences)
+    stack = np.full((sentences, width + 1), ZERO_ROW, dtype=np.int64)  # the last column is scratch
+    depth = np.zeros(sentences, dtype=np.int64)
+    position = np.zeros(sentences, dtype=np.int64)
+    reads = np.empty((steps, sentences, READ_SLOTS), dtype=np.int64)
+    legal = np.empty((steps, sentences, 2), dtype=bool)
+    for step in range(steps):
+        reads[step] = _reads(stack, depth, position, lengths, rows, width)
+        legal[step] = _legal(depth, position, lengths)
+        action = transitions[:, step]
+        _check_legal(action, legal[step], step)
+        _apply(stack, depth, position, action, reads[step], layout.node_base + step * sentences + rows, rows, width)
+    return StepPlan(
+        torch.from_numpy(reads),
+        torch.from_numpy(stack[:, 0].copy()),
+        torch.from_numpy(legal),
+        torch.from_numpy(real_steps(lengths, steps)),
+    )
+
+
+def _reads(stack, depth, position, lengths, rows, width) -> np.ndarray:
+    buffer = np.where(position < lengths, WORD_BASE + rows * width + np.minimum(position, width - 1), ZERO_ROW)
+    top = np.where(depth >= 1, stack[rows, np.maximum(depth - 1, 0)], ZERO_ROW)
+    second = np.where(depth >= 2, stack[rows, np.maximum(depth - 2, 0)], ZERO_ROW)
+    return np.stack([buffer, second, top], 1)  # (N, 3)
+
+
+def _legal(depth, position, lengths) -> np.ndarray:
+    return np.stack([position < lengths, depth >= 2], 1)  # (N, 2) in Transition order
+
+
+def _check_legal(action: np.ndarray, legal: np.ndarray, step: int) -> None:
+    illegal = ((action == SHIFT) & ~legal[:, SHIFT]) | ((action == REDUCE) & ~legal[:, REDUCE])
+    if illegal.any():
+        row = int(np.flatnonzero(illegal)[0])
+        raise SpinnError(f"sentence {row} of the batch has an illegal transition at step {step}")
+
+
+def _apply(stack, depth, position, action, reads, nodes, rows, width) -> None:
+    """SHIFT pushes the buffer top; REDUCE replaces the two top items by the step's node; a no-op does nothing."""
+    shift, reduce = action == SHIFT, action == REDUCE
+    column = np.where(shift, depth, np.where(reduce, depth - 2, width))
+    stack[rows, column] = np.where(shift, reads[:, BUFFER_SLOT], nodes)
+    depth += shift.astype(np.int64) - reduce.astype(np.int64)
+    position += shift.astype(np.int64)
+
+
+class DeviceStacks:
+    """The same stacks as tensors on the device, for transitions the model chooses step by step."""
+
+    def __init__(self, lengths: Tensor, layout: Layout):
+        n, device = lengths.shape[0], lengths.device
+        self.lengths, self.layout = lengths, layout
+        self.rows = torch.arange(n, device=device)
+        self.words = WORD_BASE + self.rows * layout.width  # (N,) row of each sentence's first word
+        self.stack = torch.full((n, layout.width + 1), ZERO_ROW, dtype=torch.long, device=device)
+        self.depth = torch.zeros(n, dtype=torch.long, device=device)
+        self.position = torch.zeros(n, dtype=torch.long, device=device)
+        self.below_top = torch.arange(2, 0, -1, device=device)  # (2,) depth offsets of [second, top]; no host copy
+
+    def reads(self) -> Tensor:
+        """(N, 3) rows the next step reads: [buffer top, stack second, stack top]."""
+        buffer = torch.where(self.position < self.lengths, self.words + self.position, ZERO_ROW)  # (N,)
+        slots = self.depth[:, None] - self.below_top  # (N, 2)
+        tops = torch.where(slots >= 0, self.stack.gather(1, slots.clamp(min=0)), ZERO_ROW)  # (N, 2)
+        return torch.cat([buffer[:, None], tops], 1)  # (N, 3)
+
+    def legal(self) -> Tensor:
+        """(N, 2) SHIFT and REDUCE legal now."""
+        return torch.stack([self.position < self.lengths, self.depth >= 2], 1)
+
+    def apply(self, action: Tensor, reads: Tensor, step: int) -> None:
+        shift, reduce = action == SHIFT, action == REDUCE
+        node = self.layout.node_base + step * self.layout.sentences + self.rows
+        column = torch.where(shift, self.depth, torch.where(reduce, self.depth - 2, self.layout.width))
+        pushed = torch.where(shift, reads[:, BUFFER_SLOT], node)
+        self.stack.scatter_(1, column[:, None], pushed[:, None])
+        self.depth = self.depth + shift.long() - reduce.long()
+        self.position = self.position + shift.long()
+
+    def roots(self) -> Tensor:
+        return self.stack[:, 0]

@@ -1,0 +1,147 @@
+"""The model's settings: one frozen config per model, stored in every checkpoint, and the paper's presets."""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from pydantic import Field, model_validator
+
+from spinn.data.schema import LABELS
+from spinn.model.policy import Baseline, Reward
+from spinn.settings import Settings
+from spinn.trees.transitions import Transition
+
+Variant = Literal["pi-nt", "pi", "spinn", "rl", "cbow"]
+VARIANTS: tuple[str, ...] = get_args(Variant)
+BASELINE = "cbow"
+TREE_VARIANTS = tuple(variant for variant in VARIANTS if variant != BASELINE)
+N_ACTIONS = len(Transition)
+
+
+class SPINNConfig(Settings):
+    """Every hyperparameter of the model; checkpoints store `to_dict()`."""
+
+    variant: Variant = Field("spinn", json_schema_extra={"cli": "--variant", "default_from": None})
+    """cbow: bag of words; pi-nt: TreeLSTM over the parse; pi: plus a tracker; spinn: the tracker also
+    predicts the transitions; rl: the tracker learns its own trees by REINFORCE."""
+    d_embed: int = Field(300, ge=1)
+    """Word vector size (taken from the vectors when training)."""
+    d_hidden: int = Field(300, ge=1)
+    """Size of every phrase vector (h and c each)."""
+    d_tracker: int = Field(64, ge=0)
+    """Tracker LSTM size (pi, spinn, rl)."""
+    mlp_layers: int = Field(1, ge=0)
+    """Hidden layers of the classifier MLP."""
+    mlp_dim: int = Field(1024, ge=1)
+    """Width of each classifier layer."""
+    embed_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Drop probability on the projected word vectors."""
+    mlp_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    """Drop probability in the classifier."""
+    use_batch_norm: bool = False
+    """Batch norm on the projected words and in the classifier, as the paper."""
+    transition_loss_weight: float = Field(3.9, ge=0.0)
+    """Weight of the tracker's transition loss (spinn; rl: optional supervision)."""
+    n_classes: int = Field(len(LABELS), ge=1)
+    """Output classes (entailment, neutral, contradiction)."""
+    reward: Reward = "log_likelihood"
+    """rl: log p(gold label), or correct (1/0)."""
+    baseline: Baseline = "moving_average"
+    """rl: a moving average of rewards, or value, a learned baseline on bag-of-words features."""
+    baseline_decay: float = Field(0.99, ge=0.0, lt=1.0)
+    """rl: moving-average decay."""
+    policy_weight: float = 1.0
+    """rl: weight of the REINFORCE term."""
+    entropy_weight: float = 0.01
+    """rl: bonus for exploring (subtracted from the loss)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_retired_fields(cls, data: Any) -> Any:
+        """Release 0.1 chose a compose strategy; the thin stack now always composes every row (its shapes
+        stay fixed), so checkpoints that name one still load."""
+        if isinstance(data, dict) and "compose" in data:
+            data = {key: value for key, value in data.items() if key != "compose"}
+        return data
+
+    @model_validator(mode="after")
+    def _tracker_has_a_size(self) -> SPINNConfig:
+        if self.has_tracker and self.d_tracker < 1:
+            raise ValueError(f"variant {self.variant} needs d_tracker >= 1, got {self.d_tracker}")
+        return self
+
+    @property
+    def has_tracker(self) -> bool:
+        return self.variant in ("pi", "spinn", "rl")
+
+    @property
+    def uses_trees(self) -> bool:
+        return self.variant in TREE_VARIANTS
+
+    @property
+    def predicts_transitions(self) -> bool:
+        return self.variant in ("spinn", "rl")
+
+    @property
+    def samples_transitions(self) -> bool:
+        """rl: training samples its own trees (no gold transitions needed)."""
+        return self.variant == "rl"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> SPINNConfig:
+        """A checkpoint's stored config (every release's checkpoints hold the same fields)."""
+        return cls.build(data, where="model config")
+
+
+# Bowman et al. 2016, appendix hyperparameter table (300D models). Dropout here is
+# the drop probability (the paper lists keep rates). Learning rate and L2 belong to training.
+PRESETS: dict[str, SPINNConfig] = {
+    "spinn-pi-nt-300d": SPINNConfig(
+        variant="pi-nt",
+        d_embed=300,
+        d_hidden=300,
+        d_tracker=0,
+        mlp_layers=2,
+        mlp_dim=1024,
+        embed_dropout=0.17,
+        mlp_dropout=0.06,
+        use_batch_norm=True,
+    ),
+    "spinn-pi-300d": SPINNConfig(
+        variant="pi",
+        d_embed=300,
+        d_hidden=300,
+        d_tracker=61,
+        mlp_layers=2,
+        mlp_dim=1024,
+        embed_dropout=0.08,
+        mlp_dropout=0.07,
+        use_batch_norm=True,
+    ),
+    "spinn-300d": SPINNConfig(
+        variant="spinn",
+        d_embed=300,
+        d_hidden=300,
+        d_tracker=79,
+        mlp_layers=1,
+        mlp_dim=1024,
+        embed_dropout=0.14,
+        mlp_dropout=0.06,
+        use_batch_norm=True,
+        transition_loss_weight=3.9,
+    ),
+    "tiny": SPINNConfig(variant="spinn", d_embed=8, d_hidden=6, d_tracker=5, mlp_layers=1, mlp_dim=10),
+    # The spinn-300d shape, learning its trees from the reward alone (no transition supervision).
+    "rl-300d": SPINNConfig(
+        variant="rl",
+        d_embed=300,
+        d_hidden=300,
+        d_tracker=79,
+        mlp_layers=1,
+        mlp_dim=1024,
+        embed_dropout=0.14,
+        mlp_dropout=0.06,
+        use_batch_norm=True,
+        transition_loss_weight=0.0,
+    ),
+}

@@ -1,0 +1,56 @@
+"""A trained model back in memory: from a checkpoint file or an MLflow model URI, on the chosen device.
+
+Evaluation, labelling, `spinn trees` and the benchmark all start here. The
+checkpoint is read with weights_only and the model rebuilt from its own
+config and vocabulary, so loading never runs code from the file.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from spinn.data.vocab import Vocabulary
+from spinn.errors import SpinnError
+from spinn.model.checkpoint import load_checkpoint
+from spinn.model.config import SPINNConfig
+from spinn.model.spinn import SPINN
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    model: SPINN
+    vocabulary: Vocabulary
+    checkpoint: Path
+    contents: dict
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` is the GPU when there is one; `cuda` without one is a user error, not a crash."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SpinnError("device cuda: this torch build sees no CUDA device")
+    return torch.device(device)
+
+
+def load_model(reference: str | Path, device: torch.device, workdir: Path | None = None) -> LoadedModel:
+    """Rebuild a model from a checkpoint path or an MLflow model URI."""
+    from spinn.tracking.store import download_checkpoint, is_model_uri
+
+    if is_model_uri(str(reference)):
+        checkpoint = download_checkpoint(str(reference), Path(workdir or tempfile.mkdtemp(prefix="spinn-model-")))
+    else:
+        checkpoint = Path(reference)
+    contents = load_checkpoint(checkpoint)
+    config = SPINNConfig.from_dict(contents["model_config"])
+    vocabulary = Vocabulary.from_json(contents["vocab"], str(checkpoint))
+    model = SPINN(config, torch.zeros(len(vocabulary), config.d_embed))
+    try:
+        model.load_state_dict(contents["model_state"])
+    except RuntimeError as error:
+        raise SpinnError(f"{checkpoint}: weights do not fit the model config ({str(error).splitlines()[0]})") from None
+    return LoadedModel(model.to(device).eval(), vocabulary, checkpoint, contents)

@@ -1,0 +1,299 @@
+"""SPINN (Bowman et al. 2016): the model, from word ids to class logits, and its loss.
+
+A sentence is encoded by running shift/reduce transitions over its words.
+SHIFT moves the next word onto the stack; REDUCE pops the two top phrases and
+composes them with a TreeLSTM cell; the root left on the stack is the sentence
+vector. The variants, chosen by `SPINNConfig.variant`:
+
+- `pi-nt`: no tracker, the gold transitions drive the stacks.
+- `pi`: a tracker LSTM reads [buffer top, stack top, stack second] at every
+  step and its state feeds every composition.
+- `spinn`: the tracker also predicts SHIFT/REDUCE. Training supervises it with
+  the gold transitions (loss weight alpha); at inference it can run on its own
+  predictions, illegal actions masked, so no parser is needed.
+- `rl`: the tracker's prediction is a policy: training samples the trees and
+  learns them from the NLI reward with REINFORCE (spinn/model/policy.py), with
+  optional supervision; evaluation takes the best legal action. No parses needed.
+- `cbow`: no tree at all, the mean of the projected word vectors with the same
+  classifier; the sanity baseline every tree model must beat.
+
+Fully batched: premise and hypothesis of B pairs are one batch of N = 2B
+sentences, every word slot of the (N, L) batch is embedded (batch norm counts
+only the real ones), and the encoder (spinn/model/thin_stack.py) runs all
+sentences through T = 2L - 1 steps at once, each sentence's own 2n - 1 steps
+first: its step s sits in column s of the transitions. With gold transitions
+the addresses come from the batch's StepPlan, worked out on the host; nothing
+in the forward or backward pass reads a value back from the device.
+
+Shapes: B pairs, N = 2B sentences, L words (padded), T = 2L - 1 steps,
+D hidden, Dt tracker, E embedding.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from spinn.errors import SpinnError
+from spinn.model import thin_stack
+from spinn.model.addressing import Layout, StepPlan
+from spinn.model.batch import PAD_TRANSITION, Batch
+from spinn.model.cells import Classifier, Reduce, Tracker, WordEmbedding
+from spinn.model.config import N_ACTIONS, SPINNConfig
+from spinn.model.policy import (
+    MovingAverageBaseline,
+    PolicyTerms,
+    ValueBaseline,
+    chance_reward,
+    draw_uniforms,
+    reinforce,
+)
+
+
+class Encoding(NamedTuple):
+    """What the encoder returns for N sentences, in input order."""
+
+    vectors: Tensor  # (N, D) root h of each sentence
+    transition_logits: Tensor | None  # (N, T, 2) illegal actions -inf, padding steps 0; spinn only
+    transitions: Tensor  # (N, T) the transitions that ran (gold or predicted), PAD_TRANSITION after the end
+
+
+class SPINNOutput(NamedTuple):
+    """What the model returns for B pairs; training adds the transition loss when present."""
+
+    logits: Tensor  # (B, n_classes)
+    premise: Tensor  # (B, D)
+    hypothesis: Tensor  # (B, D)
+    transition_logits: Tensor | None  # (2B, T, 2) premises then hypotheses
+    transitions: Tensor  # (2B, T)
+    baseline: Tensor | None = None  # (B,) rl while training: the baseline each pair's reward is compared with
+
+
+class Loss(NamedTuple):
+    total: Tensor
+    classification: Tensor
+    transition: Tensor | None
+    policy: PolicyTerms | None = None
+
+
+# ----------------------------------------------------------------------------- encoder
+
+
+class Encoder(nn.Module):
+    """The composition and tracker cells, run over all sentences and steps by the thin stack."""
+
+    def __init__(self, config: SPINNConfig):
+        super().__init__()
+        self.config = config
+        d_tracking = config.d_tracker if config.has_tracker else 0
+        self.reduce = Reduce(config.d_hidden, d_tracking)
+        self.tracker = (
+            Tracker(config.d_hidden, config.d_tracker, config.predicts_transitions) if config.has_tracker else None
+        )
+
+    def forward(
+        self, words: Tensor, lengths: Tensor, layout: Layout, plan: StepPlan | None, uniforms: Tensor | None = None
+    ) -> tuple[Tensor, Tensor | None, thin_stack.Run]:
+        """Roots (N, D), tracker states (T, N, Dt) or None, and the run (what it chose, when it chose).
+
+        words (N*L, 2D); plan: the gold transitions' addresses, or None to run on
+        the tracker's own choices: the best legal action, or with uniforms (N, T)
+        one draw per sentence and own step, a sampled one (rl).
+        """
+        real = plan.real if plan is not None else _real_steps(lengths, layout.steps)
+        chooser = None
+        if plan is None:
+            head = self.tracker.transition
+            chooser = thin_stack.Chooser(head.weight.detach(), head.bias.detach(), uniforms)
+        run = thin_stack.Run(layout, lengths, real, plan, chooser)
+        tracker = None if self.tracker is None else (self.tracker.gates.weight, self.tracker.gates.bias)
+        roots, states = thin_stack.encode(words, tracker, (self.reduce.compose.weight, self.reduce.compose.bias), run)
+        return roots, states, run
+
+    def transition_logits(self, states: Tensor, legal: Tensor, real: Tensor) -> Tensor:
+        """(N, T, 2) scores of the tracker's states (T, N, Dt): illegal actions -inf, padding steps 0."""
+        scores = self.tracker.transition(states).masked_fill(~legal, float("-inf"))  # (T, N, 2)
+        return torch.where(real[..., None], scores, 0.0).transpose(0, 1)  # (N, T, 2)
+
+
+def _real_steps(lengths: Tensor, steps: int) -> Tensor:
+    """(T, N) bool on the lengths' device: step t is one of the sentence's own 2n - 1."""
+    return torch.arange(steps, device=lengths.device)[:, None] < (2 * lengths - 1)[None, :]
+
+
+# ----------------------------------------------------------------------------- model
+
+
+class SPINN(nn.Module):
+    """Word embedding -> encoder (premises and hypotheses as one batch) -> classifier."""
+
+    def __init__(self, config: SPINNConfig, vectors: Tensor):
+        super().__init__()
+        self.config = config
+        self.embedding = WordEmbedding(config, vectors)
+        self.encoder = Encoder(config) if config.uses_trees else None
+        self.classifier = Classifier(config)
+        self.baseline = _make_baseline(config)
+
+    def forward(
+        self, batch: Batch, *, predict_transitions: bool = False, uniforms: Tensor | None = None
+    ) -> SPINNOutput:
+        """Logits for the batch.
+
+        predict_transitions: spinn and rl ignore the gold transitions and take
+        their best legal action. An rl model in training mode samples its trees
+        instead, from `uniforms` (N, T) when given (tests), else fresh draws.
+        """
+        if predict_transitions and not self.config.predicts_transitions:
+            raise SpinnError(f"variant {self.config.variant} cannot predict transitions; use 'spinn' or 'rl'")
+        sample = self.config.samples_transitions and self.training
+        gold = not (predict_transitions or sample)
+        if gold and self.config.uses_trees and batch.plan is None:
+            raise SpinnError(
+                "some sentences have no tree (tokens-only data): only a model that builds its own "
+                "trees can read them (rl, or spinn on predicted transitions)"
+            )
+        if sample and uniforms is None:
+            uniforms = draw_uniforms(batch.tokens.shape[0], batch.transitions.shape[1], batch.tokens.device)
+        encoding = self.encode(
+            batch.tokens,
+            batch.lengths,
+            batch.plan if gold else None,
+            batch.transitions if gold else None,
+            uniforms if sample else None,
+        )
+        premise, hypothesis = encoding.vectors.split(batch.pairs)  # (B, D) each
+        logits = self.classifier(premise, hypothesis)  # (B, n_classes)
+        baseline = self.baseline(self._pair_features(batch)) if sample else None  # (B,)
+        return SPINNOutput(logits, premise, hypothesis, encoding.transition_logits, encoding.transitions, baseline)
+
+    def observe_rewards(self, rewards: Tensor) -> None:
+        """rl: let a moving-average baseline see this batch's rewards (after the loss used the old value)."""
+        if self.baseline is not None:
+            self.baseline.observe(rewards)
+
+    def _pair_features(self, batch: Batch) -> Tensor:
+        """[p; h; p * h] of mean frozen word vectors per sentence: what a value baseline may see -> (B, 3E)."""
+        real = torch.arange(batch.tokens.shape[1], device=batch.tokens.device) < batch.lengths[:, None]  # (N, L)
+        vectors = self.embedding.vectors(batch.tokens) * real[..., None]  # (N, L, E)
+        means = vectors.sum(1) / batch.lengths[:, None].to(vectors.dtype)  # (N, E)
+        premise, hypothesis = means.split(batch.pairs)  # (B, E) each
+        return torch.cat([premise, hypothesis, premise * hypothesis], 1)  # (B, 3E)
+
+    def encode(
+        self,
+        tokens: Tensor,
+        lengths: Tensor,
+        plan: StepPlan | None = None,
+        transitions: Tensor | None = None,
+        uniforms: Tensor | None = None,
+    ) -> Encoding:
+        """Sentence vectors of N sentences: tokens (N, L), lengths (N,); with a plan, on the gold
+        transitions (N, T) it was made from; without one, on the model's own choices (greedy, or
+        sampled from uniforms (N, T))."""
+        n, width = tokens.shape
+        real_words = torch.arange(width, device=tokens.device) < lengths[:, None]  # (N, L)
+        words = self.embedding(tokens.reshape(-1), real_words.reshape(-1)).to(self.state_dtype)  # (N*L, 2D)
+        if self.encoder is None:
+            return self._bag_of_words(words.view(n, width, -1), real_words, lengths, tokens, transitions)
+        layout = Layout(n, width, plan.reads.shape[0] if plan is not None else 2 * width - 1)
+        roots, states, run = self.encoder(words, lengths, layout, plan, uniforms)
+        taken = transitions if plan is not None else run.chooser.taken.t()  # (N, T)
+        logits = None
+        if self.config.predicts_transitions:
+            legal = plan.legal if plan is not None else run.chooser.legal
+            logits = self.encoder.transition_logits(states, legal, run.real)
+        return Encoding(roots, logits, taken)
+
+    def _bag_of_words(
+        self, words: Tensor, real: Tensor, lengths: Tensor, tokens: Tensor, transitions: Tensor | None
+    ) -> Encoding:
+        """cbow: the mean of each sentence's projected word vectors (their h half); words (N, L, 2D)."""
+        h = words[:, :, : self.config.d_hidden] * real[..., None]  # (N, L, D)
+        vectors = h.sum(1) / lengths[:, None].to(h.dtype)  # (N, D)
+        taken = transitions if transitions is not None else tokens.new_full((tokens.shape[0], 0), PAD_TRANSITION)
+        return Encoding(vectors, None, taken)
+
+    @property
+    def state_dtype(self) -> torch.dtype:
+        """The dtype of h and c: the parameters' (fp32 even when autocast runs the matmuls in bf16)."""
+        return self.embedding.project.weight.dtype
+
+
+def _make_baseline(config: SPINNConfig) -> nn.Module | None:
+    if not config.samples_transitions:
+        return None
+    if config.baseline == "value":
+        return ValueBaseline(3 * config.d_embed, config.d_tracker)
+    return MovingAverageBaseline(config.baseline_decay, chance_reward(config.reward, config.n_classes))
+
+
+def spinn_loss(output: SPINNOutput, batch: Batch, config: SPINNConfig) -> Loss:
+    """Cross-entropy on labels, plus alpha x cross-entropy of the tracker's transitions (spinn);
+    for a sampled rl batch, plus the REINFORCE surrogate, the entropy bonus and the value loss.
+
+    A rank's share of a distributed batch weights its per-pair means and its per-step means by
+    batch.loss_scale, so the ranks' averaged gradients are the global batch's (the terms reported
+    stay the rank's own means)."""
+    if batch.labels is None:
+        raise SpinnError("the batch has no labels to compute a loss against")
+    per_pair, per_step = (1.0, 1.0) if batch.loss_scale is None else batch.loss_scale.unbind(0)
+    classification = F.cross_entropy(output.logits, batch.labels)
+    if output.baseline is not None:
+        return _rl_loss(output, batch, config, classification, per_pair, per_step)
+    if output.transition_logits is None:
+        return Loss(per_pair * classification, classification, None)
+    transition = F.cross_entropy(
+        output.transition_logits.reshape(-1, N_ACTIONS), batch.transitions.reshape(-1), ignore_index=PAD_TRANSITION
+    )
+    total = per_pair * classification + per_step * config.transition_loss_weight * transition
+    return Loss(total, classification, transition)
+
+
+def _rl_loss(
+    output: SPINNOutput, batch: Batch, config: SPINNConfig, classification: Tensor, per_pair, per_step
+) -> Loss:
+    terms = reinforce(
+        output.transition_logits,
+        output.transitions,
+        output.logits,
+        batch.labels,
+        output.baseline,
+        config.reward,
+        config.baseline == "value",
+    )
+    pair_terms = classification + config.policy_weight * terms.loss
+    if terms.value_loss is not None:
+        pair_terms = pair_terms + terms.value_loss
+    total = per_pair * pair_terms - per_step * config.entropy_weight * terms.entropy
+    supervised = None
+    if config.transition_loss_weight > 0:
+        # The gold action at each step, on the sampled path's states (the paths part once a sample differs).
+        supervised = F.cross_entropy(
+            output.transition_logits.reshape(-1, N_ACTIONS), batch.transitions.reshape(-1), ignore_index=PAD_TRANSITION
+        )
+        total = total + per_step * config.transition_loss_weight * supervised
+    return Loss(total, classification, supervised, terms)
+
+
+def transition_counts(output: SPINNOutput, batch: Batch) -> Tensor:
+    """(2,) [real steps, steps where the tracker's best legal action is the gold one], on the device.
+
+    On a predicted-transitions run the best legal action is the one that ran,
+    so the same count scores both modes. Counts, not a ratio, so callers can
+    sum them over batches and read them once.
+    """
+    if output.transition_logits is None:
+        raise SpinnError("this output has no transition predictions")
+    real = batch.transitions != PAD_TRANSITION  # (N, T)
+    correct = (output.transition_logits.argmax(-1) == batch.transitions) & real  # (N, T)
+    return torch.stack([real.sum(), correct.sum()])
+
+
+def random_vectors(vocab_size: int, d_embed: int, seed: int = 0) -> Tensor:
+    """Random word vectors (benchmarks, tests): N(0, 1/E) like a normalized pretrained table."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(vocab_size, d_embed, generator=generator) / d_embed**0.5

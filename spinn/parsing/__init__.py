@@ -1,0 +1,1 @@
+"""Constituency parses for raw text: the one door to Stanza, and the parse stage."""

@@ -1,0 +1,163 @@
+"""The parse stage: sentence pairs without parses -> the same prepared Parquet as `spinn prepare`.
+
+Trees come from Stanza (spinn.parsing.parser) and go through the project's head-driven
+binarizer, so a model trained on SNLI's binary parses meets the same kind of
+tree here. Pairs are processed in chunks: each chunk's distinct sentences are
+parsed once (premises repeat a lot in NLI corpora) and the disk cache makes a
+rerun, or an overlapping corpus, parse nothing twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Literal
+
+import pyarrow as pa
+from pydantic import Field
+
+from spinn.data.prepare import PairWriter, PrepareSummary, infer_split
+from spinn.data.rejects import Reject, RejectReason
+from spinn.data.schema import pair_schema
+from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs, simple_tokenize
+from spinn.io import atomic_paths
+from spinn.parsing.parser import Parsed, ParserSettings, SentenceParser, Unparsed
+from spinn.settings import Settings
+
+TREES_STANZA, TREES_NONE = "stanza", "none"
+CHUNK_PAIRS = 10_000
+"""Pairs whose sentences are parsed together: large enough for good Stanza batches and deduplication."""
+SENTENCES = ("premise", "hypothesis")
+
+
+class TokenOnly:
+    """The no-parser stand-in for SentenceParser: tokens (spinn.data.sentence_pairs.simple_tokenize) and no tree.
+
+    For models that build their own trees (rl, or spinn on predicted
+    transitions): pairs are stored with empty transition lists.
+    """
+
+    model_id = TREES_NONE
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+
+    def parse(self, sentences: Iterable[str]) -> dict[str, Parsed | Unparsed]:
+        return {text: self._tokens(text) for text in sentences}
+
+    def _tokens(self, text: str) -> Parsed | Unparsed:
+        tokens = simple_tokenize(text)
+        if not tokens:
+            return Unparsed(RejectReason.EMPTY_SENTENCE, "no tokens")
+        if len(tokens) > self.max_tokens:
+            return Unparsed(RejectReason.TOO_LONG, f"{len(tokens)} tokens, more than the limit of {self.max_tokens}")
+        return Parsed(tokens, [], "")
+
+    def close(self) -> None:
+        """Nothing to release."""
+
+
+class ParseSettings(Settings):
+    """How raw sentence pairs are read and parsed."""
+
+    trees: Literal["stanza", "none"] = TREES_STANZA
+    """none: tokens only, no parser, for models that build their own trees (rl)."""
+    input_format: Format | None = Field(None, json_schema_extra={"cli": "--format"})
+    """Input format (default: from the file name)."""
+    columns: Columns = Columns()
+    """Which columns hold the pair."""
+    parsing: ParserSettings = ParserSettings()
+    """How Stanza runs."""
+
+
+def parse_pairs(
+    input_path: Path,
+    output_dir: Path,
+    settings: ParseSettings | None = None,
+    *,
+    split: str | None = None,
+    parser: SentenceParser | None = None,
+) -> PrepareSummary:
+    """Parse, binarize and write `<split>.parquet` and `<split>.rejects.jsonl` under output_dir.
+
+    trees="none" stores tokens only (no Stanza): data for models that build their own trees."""
+    settings = settings or ParseSettings()
+    trees, columns, input_format = settings.trees, settings.columns, settings.input_format
+    input_path, output_dir = Path(input_path), Path(output_dir)
+    split = split or infer_split(input_path.name)
+    summary = PrepareSummary(
+        str(input_path), split, output_dir / f"{split}.parquet", output_dir / f"{split}.rejects.jsonl"
+    )
+    own_parser = parser is None
+    parsing = settings.parsing
+    parser = parser or (TokenOnly(parsing.max_tokens) if trees == TREES_NONE else SentenceParser(parsing))
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with (
+            atomic_paths(summary.output, summary.rejects) as (parquet_tmp, rejects_tmp),
+            rejects_tmp.open("w", encoding="utf-8") as rejects,
+        ):
+            schema = pair_schema(
+                source=str(input_path), trees=TREES_NONE if trees == TREES_NONE else f"stanza:{parser.model_id}"
+            )
+            writer = PairWriter(parquet_tmp, schema)
+            for chunk in _chunks(read_input_pairs(input_path, columns, input_format)):
+                table = _parse_chunk(chunk, parser, str(input_path), summary, rejects)
+                writer.add(table.replace_schema_metadata(schema.metadata))
+            writer.close()
+    finally:
+        if own_parser:
+            parser.close()
+    return summary
+
+
+def _chunks(items: Iterator[InputPair | Reject]) -> Iterator[list[InputPair | Reject]]:
+    while chunk := list(islice(items, CHUNK_PAIRS)):
+        yield chunk
+
+
+def _parse_chunk(
+    chunk: list[InputPair | Reject], parser: SentenceParser, source: str, summary: PrepareSummary, rejects
+) -> pa.Table:
+    """Parse the chunk's distinct sentences; return its good pairs as a table, log the rest as rejects."""
+    pairs = [item for item in chunk if isinstance(item, InputPair)]
+    parsed = parser.parse(text for pair in pairs for text in (pair.premise, pair.hypothesis))
+    rows = []
+    summary.read += len(chunk)
+    for item in chunk:
+        problem = item if isinstance(item, Reject) else _first_problem(item, parsed, source)
+        if problem is not None:
+            summary.rejected[problem.reason.value] += 1
+            rejects.write(problem.to_json() + "\n")
+            continue
+        rows.append(_row(item, parsed[item.premise], parsed[item.hypothesis]))
+    summary.written += len(rows)
+    return pa.Table.from_pylist(rows, schema=pair_schema())
+
+
+def _first_problem(pair: InputPair, parsed: dict[str, Parsed | Unparsed], source: str) -> Reject | None:
+    for name in SENTENCES:
+        result = parsed[getattr(pair, name)]
+        if isinstance(result, Unparsed):
+            raw = json.dumps(
+                {"pair_id": pair.pair_id, "premise": pair.premise, "hypothesis": pair.hypothesis, "label": pair.label},
+                ensure_ascii=False,
+            )
+            return Reject(source, pair.line, result.reason, name, result.message, raw)
+    return None
+
+
+def _row(pair: InputPair, premise: Parsed, hypothesis: Parsed) -> dict:
+    return {
+        "pair_id": pair.pair_id,
+        "label": pair.label,
+        "premise": pair.premise,
+        "hypothesis": pair.hypothesis,
+        "premise_tokens": premise.tokens,
+        "hypothesis_tokens": hypothesis.tokens,
+        "premise_transitions": premise.transitions,
+        "hypothesis_transitions": hypothesis.transitions,
+        "source_line": pair.line,
+    }

@@ -1,0 +1,475 @@
+"""Constituency parsing of raw sentences with Stanza: the one door to Stanza.
+
+New corpora arrive as plain text, so their trees come from Stanza's
+constituency parser, then go through `spinn.trees.binarize` like SNLI's own trees.
+Parsing is the slow step of the pipeline, and NLI data repeats itself (each
+premise has several hypotheses), so `SentenceParser`:
+
+- parses each distinct text once per call, in batches (Stanza is far faster on
+  many sentences at once);
+- keeps every parse in a SQLite cache keyed by (parser model, text), so reruns,
+  overlapping corpora and parallel workers parse nothing twice. The key is a
+  hash of the model files actually loaded, never their path, so a new model
+  can never be served an old model's trees;
+- turns every failure into an `Unparsed` with a reject reason, so one bad
+  sentence never stops the others.
+
+Stanza (and torch behind it) is slow to import, so it is imported only inside
+the functions that need it, and only here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
+
+from pydantic import Field
+
+from spinn.data.rejects import RejectReason
+from spinn.errors import SpinnError
+from spinn.io import file_digest
+from spinn.settings import Device, Settings, env_default
+from spinn.trees.binarize import binarize
+from spinn.trees.transitions import tree_to_transitions
+from spinn.trees.tree import Tree, format_binary
+
+DEFAULT_CACHE_PATH = Path("data/parse_cache/parses.sqlite")
+STANZA_PROCESSORS = "tokenize,pos,constituency"
+RESOURCES_FILE = "resources.json"
+MODEL_PATH_SUFFIX = "_path"  # Stanza config keys naming model files: pos_model_path, pos_pretrain_path, ...
+STANZA_LOG_LEVEL = "ERROR"  # Stanza logs every model it loads at INFO
+# Bump when tree conversion, leaf normalisation or binarization changes what a cache entry holds.
+OUTPUT_VERSION = "spinn-parse-1"
+ROOT_LABEL = "ROOT"
+CACHE_TIMEOUT_S = 60.0  # how long a writer waits for another process's transaction
+CACHE_LOOKUP_CHUNK = 500  # texts per SELECT, well under SQLite's bound-parameter limit
+
+# Penn Treebank spellings of brackets and quotes, as in SNLI's parses.
+PTB_FORMS = {
+    "(": "-LRB-",
+    ")": "-RRB-",
+    "[": "-LSB-",
+    "]": "-RSB-",
+    "{": "-LCB-",
+    "}": "-RCB-",
+    "\u201c": "``",
+    "\u201d": "''",
+}
+STRAIGHT_QUOTE = '"'
+OPENING_QUOTE, CLOSING_QUOTE = "``", "''"
+
+_CREATE_TABLE = """
+CREATE TABLE IF NOT EXISTS parses (
+    model_id TEXT NOT NULL,
+    text TEXT NOT NULL,
+    tokens TEXT NOT NULL,
+    transitions TEXT NOT NULL,
+    binary_parse TEXT NOT NULL,
+    PRIMARY KEY (model_id, text)
+) WITHOUT ROWID
+"""
+_INSERT = "INSERT OR REPLACE INTO parses VALUES (?, ?, ?, ?, ?)"
+
+
+class ParserSettings(Settings):
+    """How Stanza runs, and where its parses are cached."""
+
+    stanza_dir: Path | None = Field(
+        default_factory=env_default("SPINN_STANZA_DIR"),
+        validate_default=True,
+        json_schema_extra={"cli": "--stanza-dir"},
+    )
+    """A local stanza_resources folder, used offline (default: Stanza's own models under
+    STANZA_RESOURCES_DIR, downloaded when missing)."""
+    language: str = Field("en", json_schema_extra={"cli": "--parser-language"})
+    """Stanza's language code."""
+    batch_size: int = Field(256, ge=1, json_schema_extra={"cli": "--parse-batch-size"})
+    """Sentences per Stanza batch."""
+    device: Device = Field("auto", json_schema_extra={"cli": "--parser-device"})
+    """Where Stanza runs; auto: the GPU when there is one."""
+    max_tokens: int = Field(100, ge=1, json_schema_extra={"cli": "--max-tokens"})
+    """Longer sentences are rejected (too_long)."""
+    cache_path: Path | None = Field(DEFAULT_CACHE_PATH, json_schema_extra={"cli": "--parse-cache"})
+    """Parses cached by sentence and parser model (none: no cache; the CLI's --no-parse-cache)."""
+
+
+DEFAULT_SETTINGS = ParserSettings()
+
+
+@dataclass(frozen=True)
+class Parsed:
+    tokens: list[str]  # PTB-normalised leaves
+    transitions: list[int]  # SHIFT/REDUCE of the binarized tree, 2n - 1 long
+    binary_parse: str  # SNLI's `( left right )` format
+
+
+@dataclass(frozen=True)
+class Unparsed:
+    reason: RejectReason  # EMPTY_SENTENCE, TOO_LONG or PARSE_FAILED
+    message: str
+
+
+@dataclass
+class ParseStats:
+    """Running totals over all `parse` calls; counts are of input texts, except `parsed`,
+    which counts the (stripped) texts Stanza actually ran."""
+
+    requested: int = 0
+    distinct: int = 0
+    cache_hits: int = 0
+    parsed: int = 0
+    rejected: int = 0
+    parse_seconds: float = 0.0
+
+
+class SentenceParser:
+    """Parses raw sentences into binary trees; Stanza loads on the first text the cache lacks."""
+
+    def __init__(self, settings: ParserSettings = DEFAULT_SETTINGS) -> None:
+        _check_settings(settings)
+        self.settings = settings
+        self.stats = ParseStats()
+        self._use_gpu = _resolve_gpu(settings.device)
+        self._models: _Models | None = None
+        self._model_id: str | None = None
+        self._pipeline: Any = None
+        self._cache: _ParseCache | None = None
+
+    @property
+    def model_id(self) -> str:
+        """sha256 over Stanza's version and the bytes of every model file the pipeline loads."""
+        if self._model_id is None:
+            self._model_id = _model_id(self._resolved().files)
+        return self._model_id
+
+    def parse(self, sentences: Iterable[str]) -> dict[str, Parsed | Unparsed]:
+        """One result per distinct input text, keyed by that exact text, in input order."""
+        texts = list(sentences)
+        keys = list(dict.fromkeys(texts))
+        results, keys_by_text = _precheck_all(keys, self.settings.max_tokens)
+        outcomes = self._cached(list(keys_by_text))
+        self.stats.cache_hits += sum(len(keys_by_text[text]) for text in outcomes)
+        outcomes.update(self._parse_texts([text for text in keys_by_text if text not in outcomes]))
+        for text, text_keys in keys_by_text.items():
+            results.update(dict.fromkeys(text_keys, _within_limit(outcomes[text], self.settings.max_tokens)))
+        self.stats.requested += len(texts)
+        self.stats.distinct += len(keys)
+        self.stats.rejected += sum(isinstance(result, Unparsed) for result in results.values())
+        return {key: results[key] for key in keys}
+
+    def close(self) -> None:
+        """Close the cache connection (a later `parse` reopens it)."""
+        if self._cache is not None:
+            self._cache.close()
+            self._cache = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ cache
+
+    def _open_cache(self) -> _ParseCache | None:
+        if self._cache is None and self.settings.cache_path is not None:
+            self._cache = _ParseCache(Path(self.settings.cache_path))
+        return self._cache
+
+    def _cached(self, texts: list[str]) -> dict[str, Parsed | Unparsed]:
+        """The parses the disk cache already holds for this model."""
+        cache = self._open_cache() if texts else None
+        return dict(cache.get(self.model_id, texts)) if cache else {}
+
+    # ------------------------------------------------------------------ Stanza
+
+    def _parse_texts(self, texts: list[str]) -> dict[str, Parsed | Unparsed]:
+        """Run Stanza over texts in batches, caching each batch's parses in one transaction."""
+        outcomes: dict[str, Parsed | Unparsed] = {}
+        if texts:
+            self._loaded_pipeline()  # before any try: a missing model is an error, not a rejected sentence
+        for start in range(0, len(texts), self.settings.batch_size):
+            batch = self._parse_batch(texts[start : start + self.settings.batch_size])
+            cache = self._open_cache()
+            if cache is not None:
+                cache.put(self.model_id, {text: result for text, result in batch.items() if isinstance(result, Parsed)})
+            outcomes.update(batch)
+        self.stats.parsed += len(texts)
+        return outcomes
+
+    def _parse_batch(self, texts: list[str]) -> dict[str, Parsed | Unparsed]:
+        """Parse texts together; if Stanza fails on the batch, retry one by one to isolate the culprit."""
+        try:
+            documents = self._run_stanza(texts)
+        except Exception:  # noqa: BLE001 - any Stanza failure: find out which sentence caused it
+            return {text: self._parse_one(text) for text in texts}
+        return {text: _outcome(document.sentences) for text, document in zip(texts, documents, strict=True)}
+
+    def _parse_one(self, text: str) -> Parsed | Unparsed:
+        try:
+            (document,) = self._run_stanza([text])
+        except Exception as error:  # noqa: BLE001 - a sentence Stanza cannot parse is rejected, not fatal
+            return Unparsed(RejectReason.PARSE_FAILED, f"Stanza failed: {_describe(error)}")
+        return _outcome(document.sentences)
+
+    def _run_stanza(self, texts: list[str]) -> list[Any]:
+        pipeline = self._loaded_pipeline()
+        started = time.perf_counter()
+        try:
+            return pipeline.bulk_process(texts)
+        finally:
+            self.stats.parse_seconds += time.perf_counter() - started
+
+    def _loaded_pipeline(self) -> Any:
+        if self._pipeline is None:
+            self._pipeline = _build_pipeline(self.settings, self._resolved(), self._use_gpu)
+        return self._pipeline
+
+    def _resolved(self) -> _Models:
+        if self._models is None:
+            self._models = _resolve_models(self.settings)
+        return self._models
+
+
+# ---------------------------------------------------------------------- settings and models
+
+
+def _check_settings(settings: ParserSettings) -> None:
+    folder = settings.stanza_dir
+    if folder is not None and not Path(folder).is_dir():
+        raise SpinnError(f"Stanza model folder {folder} does not exist")
+    if folder is not None and not (Path(folder) / RESOURCES_FILE).is_file():
+        raise SpinnError(f"Stanza model folder {folder} has no {RESOURCES_FILE}: not a stanza_resources folder")
+
+
+def _resolve_gpu(device: str) -> bool:
+    """True when Stanza should run on CUDA: asked for, or `auto` with a GPU present."""
+    import torch
+
+    available = torch.cuda.is_available()
+    if device == "cuda" and not available:
+        raise SpinnError("device 'cuda' was requested but torch sees no CUDA GPU; use device 'cpu' or 'auto'")
+    return available and device != "cpu"
+
+
+@dataclass(frozen=True)
+class _Models:
+    folder: Path  # a stanza_resources folder
+    files: dict[str, Path]  # Stanza config key (pos_model_path, pos_pretrain_path, ...) -> model file
+
+
+def _resolve_models(settings: ParserSettings) -> _Models:
+    """The model files the pipeline will load, as Stanza itself resolves them.
+
+    Offline (stanza_dir given), a missing file is a SpinnError; otherwise Stanza
+    downloads what is missing into its default folder first.
+    """
+    from stanza.resources.common import DEFAULT_MODEL_DIR
+
+    folder = Path(settings.stanza_dir or DEFAULT_MODEL_DIR)
+    files = _stanza_model_files(folder, settings.language) if (folder / RESOURCES_FILE).is_file() else {}
+    missing = sorted({str(path.relative_to(folder)) for path in files.values() if not path.is_file()})
+    if files and not missing:
+        return _Models(folder, files)
+    if settings.stanza_dir is not None:
+        raise SpinnError(f"Stanza model folder {folder} lacks {', '.join(missing) or STANZA_PROCESSORS + ' models'}")
+    _download_models(folder, settings.language)
+    return _Models(folder, _stanza_model_files(folder, settings.language))
+
+
+def _stanza_model_files(folder: Path, language: str) -> dict[str, Path]:
+    """Ask Stanza's own resolver which files a tokenize,pos,constituency pipeline loads from folder."""
+    from stanza.pipeline.core import build_default_config
+    from stanza.resources.common import (
+        add_dependencies,
+        load_resources_json,
+        logging_level_context,
+        maintain_processor_list,
+        process_pipeline_parameters,
+    )
+
+    resources = load_resources_json(str(folder))
+    if language not in resources:
+        raise SpinnError(f"Stanza model folder {folder} has no models for language {language!r}")
+    with logging_level_context(STANZA_LOG_LEVEL, None):
+        lang, _, package, processors = process_pipeline_parameters(language, str(folder), "default", STANZA_PROCESSORS)
+        load_list = add_dependencies(resources, lang, maintain_processor_list(resources, lang, package, processors))
+    config = build_default_config(resources, lang, str(folder), load_list)
+    return {key: Path(value) for key, value in config.items() if key.endswith(MODEL_PATH_SUFFIX)}
+
+
+def _download_models(folder: Path, language: str) -> None:
+    import stanza
+
+    try:
+        stanza.download(
+            language,
+            model_dir=str(folder),
+            processors=STANZA_PROCESSORS,
+            logging_level=STANZA_LOG_LEVEL,
+            download_json=not (folder / RESOURCES_FILE).is_file(),
+        )
+    except Exception as error:
+        raise SpinnError(
+            f"could not download Stanza's {language!r} models into {folder} ({_describe(error)}); "
+            "give a local stanza_resources folder (stanza_dir) to run offline"
+        ) from error
+
+
+def _model_id(files: dict[str, Path]) -> str:
+    import stanza
+
+    digest = hashlib.sha256(f"stanza {stanza.__version__}\0{OUTPUT_VERSION}".encode())
+    for key, path in sorted(files.items()):
+        digest.update(f"\0{key}\0{file_digest(path)}".encode())
+    return digest.hexdigest()
+
+
+def _build_pipeline(settings: ParserSettings, models: _Models, use_gpu: bool) -> Any:
+    """A pipeline that loads exactly the hashed files, never goes online, and keeps each text one sentence."""
+    import stanza
+
+    model_paths = {key: str(path) for key, path in models.files.items()}
+    return stanza.Pipeline(
+        settings.language,
+        dir=str(models.folder),
+        processors=STANZA_PROCESSORS,
+        download_method=None,
+        use_gpu=use_gpu,
+        logging_level=STANZA_LOG_LEVEL,
+        tokenize_no_ssplit=True,
+        tokenize_batch_size=settings.batch_size,
+        pos_batch_size=settings.batch_size,
+        constituency_batch_size=settings.batch_size,
+        **model_paths,
+    )
+
+
+# ---------------------------------------------------------------------- sentences and trees
+
+
+def _precheck_all(keys: list[str], max_tokens: int) -> tuple[dict[str, Parsed | Unparsed], dict[str, list[str]]]:
+    """(early rejections by input text, input texts to parse by their stripped text)."""
+    rejections: dict[str, Parsed | Unparsed] = {}
+    keys_by_text: dict[str, list[str]] = {}
+    for key in keys:
+        rejection = _precheck(key.strip(), max_tokens)
+        if rejection is None:
+            keys_by_text.setdefault(key.strip(), []).append(key)
+        else:
+            rejections[key] = rejection
+    return rejections, keys_by_text
+
+
+def _precheck(text: str, max_tokens: int) -> Unparsed | None:
+    """Reject what needs no parser: empty text, or too many words even before tokenization."""
+    if not text:
+        return Unparsed(RejectReason.EMPTY_SENTENCE, "empty sentence")
+    words = len(text.split())
+    if words > max_tokens:
+        return Unparsed(RejectReason.TOO_LONG, f"{words} words, more than the limit of {max_tokens} tokens")
+    return None
+
+
+def _within_limit(outcome: Parsed | Unparsed, max_tokens: int) -> Parsed | Unparsed:
+    """Apply the token limit to Stanza's tokens (punctuation splits off, so they outnumber words)."""
+    if isinstance(outcome, Parsed) and len(outcome.tokens) > max_tokens:
+        return Unparsed(RejectReason.TOO_LONG, f"{len(outcome.tokens)} tokens, more than the limit of {max_tokens}")
+    return outcome
+
+
+def _outcome(sentences: Sequence[Any]) -> Parsed | Unparsed:
+    """The Parsed form of one document's sentences (normally exactly one)."""
+    if not sentences:
+        return Unparsed(RejectReason.PARSE_FAILED, "Stanza found no words")
+    binary = binarize(_document_tree([sentence.constituency for sentence in sentences]))
+    transitions = [int(transition) for transition in tree_to_transitions(binary)]
+    return Parsed(tokens=binary.leaves(), transitions=transitions, binary_parse=format_binary(binary))
+
+
+def _document_tree(roots: Sequence[Any]) -> Tree:
+    """One ROOT over the children of every sentence's ROOT, with PTB-normalised leaves.
+
+    The conversion walks Stanza's nodes, never its string form, in which a `(`
+    leaf would read as a bracket.
+    """
+    words = iter(_ptb_words([word for root in roots for word in root.leaf_labels()]))
+    return Tree(ROOT_LABEL, tuple(_convert(child, words) for root in roots for child in root.children))
+
+
+def _convert(node: Any, words: Iterator[str]) -> Tree:
+    if not node.children:
+        return Tree(next(words))
+    return Tree(node.label, tuple(_convert(child, words) for child in node.children))
+
+
+def _ptb_words(words: Sequence[str]) -> list[str]:
+    """Brackets -> -LRB- etc.; straight double quotes alternate `` (opening) and '' (closing)."""
+    normalised = []
+    quote_open = False
+    for word in words:
+        if word == STRAIGHT_QUOTE:
+            word = CLOSING_QUOTE if quote_open else OPENING_QUOTE
+            quote_open = not quote_open
+        normalised.append(PTB_FORMS.get(word, word))
+    return normalised
+
+
+def _describe(error: BaseException) -> str:
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__
+
+
+# ---------------------------------------------------------------------- the disk cache
+
+
+class _ParseCache:
+    """Parses in SQLite, keyed by (model_id, text), as JSON text; safe to share between processes (WAL)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # A Dask or Prefect worker may call from different threads, one at a time.
+        self._db = sqlite3.connect(path, timeout=CACHE_TIMEOUT_S, check_same_thread=False)
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            with self._db:
+                self._db.execute(_CREATE_TABLE)
+        except sqlite3.DatabaseError as error:
+            self._db.close()
+            raise SpinnError(f"parse cache {path} is unusable: {error}") from error
+
+    def get(self, model_id: str, texts: list[str]) -> Iterator[tuple[str, Parsed]]:
+        for start in range(0, len(texts), CACHE_LOOKUP_CHUNK):
+            chunk = texts[start : start + CACHE_LOOKUP_CHUNK]
+            rows = self._db.execute(
+                f"SELECT text, tokens, transitions, binary_parse FROM parses "
+                f"WHERE model_id = ? AND text IN ({', '.join('?' * len(chunk))})",
+                [model_id, *chunk],
+            )
+            for text, tokens, transitions, binary_parse in rows:
+                yield text, Parsed(json.loads(tokens), json.loads(transitions), binary_parse)
+
+    def put(self, model_id: str, parses: dict[str, Parsed]) -> None:
+        with self._db:  # one transaction per batch
+            self._db.executemany(
+                _INSERT,
+                [
+                    (
+                        model_id,
+                        text,
+                        json.dumps(parsed.tokens, ensure_ascii=False),
+                        json.dumps(parsed.transitions),
+                        parsed.binary_parse,
+                    )
+                    for text, parsed in parses.items()
+                ],
+            )
+
+    def close(self) -> None:
+        self._db.close()

@@ -1,0 +1,202 @@
+"""Stage settings: one typed model per stage, read the same way by params.yaml, the CLI, Prefect and DVC.
+
+Each stage declares its knobs once, as a `Settings` model next to the stage
+function, with types, bounds, defaults and a docstring per field. Everything
+else is derived from that model: params.yaml's section is validated against
+it, the `spinn` command's options (names, choices, ranges, defaults, help) are
+generated from it (spinn/options.py), and the Prefect flows take its
+`overrides()` model, every field optional, as a typed form. Settings are
+resolved in layers: the model's defaults, then the params file's section, then
+what the user gave for this run.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from collections.abc import Callable, Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from spinn.errors import SpinnError
+
+DEFAULT_PARAMS = Path("params.yaml")
+Device = Literal["auto", "cpu", "cuda"]
+"""Where torch runs; auto: the GPU when there is one."""
+
+
+class SettingsError(SpinnError, ValueError):
+    """Settings that do not validate; `problems` keeps (dotted field, message) so each front end can
+    name the field in its own words (the CLI as an option, a flow as a parameter)."""
+
+    def __init__(self, where: str, problems: list[tuple[str, str]]):
+        self.where, self.problems = where, problems
+        super().__init__(f"{where}: " + "; ".join(f"{field}: {message}" for field, message in problems))
+
+
+class Settings(BaseModel):
+    """Base of every stage's settings: frozen, strict about unknown keys, documented field by field."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), use_attribute_docstrings=True)
+
+    section: ClassVar[str | None] = None
+    """The params.yaml section this stage reads (None: the stage is not part of `dvc repro`)."""
+    not_on_cli: ClassVar[dict[str, str]] = {}
+    """Fields the stage's command does not offer as options, each with the reason (tests hold us to it)."""
+
+    @classmethod
+    def build(cls, *layers: dict[str, Any], where: str | None = None) -> Self:
+        """Validate the merged layers (later ones win, nested sections merge key by key)."""
+        merged: dict[str, Any] = {}
+        for layer in layers:
+            merged = deep_merge(merged, layer)
+        try:
+            return cls.model_validate(merged)
+        except ValidationError as error:
+            raise SettingsError(where or cls.section or cls.__name__, describe(error)) from None
+
+    @classmethod
+    def from_params(cls, path: Path | None, *overrides: dict[str, Any]) -> Self:
+        """The stage's params.yaml section (none when path is None), then the overrides."""
+        section = params_section(path, cls.section) if path is not None and cls.section else {}
+        where = f"{path}: {cls.section}" if path is not None and cls.section else None
+        return cls.build(section, *overrides, where=where)
+
+    def replace(self, **changes: Any) -> Self:
+        """A validated copy with some fields changed (pydantic's model_copy does not validate)."""
+        return type(self).build(self.model_dump(), changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data, as stored in checkpoints and logged to MLflow."""
+        return self.model_dump(mode="json")
+
+    @classmethod
+    def overrides(cls) -> type[BaseModel]:
+        """The same fields, every one optional and None by default: what a run may override (Prefect forms)."""
+        return _overrides_model(cls)
+
+
+def env_default(variable: str) -> Callable[[], str | None]:
+    """A default read from the environment when the settings are made, so the CLI, DVC stages and
+    Prefect deployments all honour the same variables."""
+
+    def read() -> str | None:
+        return os.environ.get(variable) or None
+
+    read.variable = variable  # type: ignore[attr-defined]  (the CLI's help names it)
+    return read
+
+
+def deep_merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in layer.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def describe(error: ValidationError) -> list[tuple[str, str]]:
+    """(dotted field, message) per problem, with the rejected value when pydantic kept it."""
+    problems = []
+    for item in error.errors(include_url=False):
+        field = ".".join(str(part) for part in item["loc"]) or "(settings)"
+        message = item["msg"].removeprefix("Value error, ")
+        if item["type"] == "extra_forbidden":
+            message = "unknown setting"
+        elif "input" in item and not isinstance(item["input"], dict):
+            message += f" (got {item['input']!r})"
+        problems.append((field, message))
+    return problems
+
+
+# ----------------------------------------------------------------------------- params.yaml
+
+
+def read_params(path: Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise SpinnError(f"{path}: no such params file") from None
+    except yaml.YAMLError as error:
+        raise SpinnError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise SpinnError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    return data
+
+
+def params_section(path: Path, section: str) -> dict[str, Any]:
+    """One stage's section of params.yaml (empty when absent), checked to be a mapping."""
+    value = read_params(path).get(section)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SpinnError(f"{path}: section {section!r} must be a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+# ----------------------------------------------------------------------------- KEY=VALUE overrides
+
+
+def parse_override(override: str) -> tuple[str, Any]:
+    """`model.d_hidden=100` -> ("model.d_hidden", 100): the value read as YAML."""
+    key, separator, text = override.partition("=")
+    if not separator or not key.strip():
+        raise SpinnError(f"override {override!r}: expected KEY=VALUE, e.g. model.d_hidden=100")
+    return key.strip(), yaml.safe_load(text)
+
+
+def nest(flat: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    """[("model.d_hidden", 100)] -> {"model": {"d_hidden": 100}}."""
+    nested: dict[str, Any] = {}
+    for key, value in flat:
+        *parents, leaf = key.split(".")
+        target = nested
+        for parent in parents:
+            target = target.setdefault(parent, {})
+            if not isinstance(target, dict):
+                raise SpinnError(f"override {key}: {parent} is not a section")
+        target[leaf] = value
+    return nested
+
+
+def overrides_from(pairs: Iterable[str]) -> dict[str, Any]:
+    """`--set` arguments as a nested settings layer."""
+    return nest(parse_override(pair) for pair in pairs)
+
+
+# ----------------------------------------------------------------------------- optional twins
+
+
+def settings_type(annotation: Any) -> type[Settings] | None:
+    """The Settings model inside an annotation (`X`, `X | None`), or None."""
+    candidates = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    for candidate in candidates:
+        if isinstance(candidate, type) and issubclass(candidate, Settings):
+            return candidate
+    return None
+
+
+@cache
+def _overrides_model(model: type[Settings]) -> type[BaseModel]:
+    fields: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        nested = settings_type(info.annotation)
+        annotation = _overrides_model(nested) if nested is not None else info.annotation
+        fields[name] = (annotation | None, None)
+    twin = create_model(
+        f"{model.__name__}Overrides",
+        __config__=ConfigDict(extra="forbid", protected_namespaces=()),
+        __doc__=f"Overrides of {model.__name__}: a field left empty keeps the params file's value or the default.",
+        **fields,
+    )
+    for name, info in model.model_fields.items():  # keep each field's help text for the Prefect form
+        twin.model_fields[name].description = info.description
+    twin.model_rebuild(force=True)
+    return twin

@@ -1,0 +1,1 @@
+"""MLflow behind one door (runs, metrics, artifacts, registry), and the register stage."""

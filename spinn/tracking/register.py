@@ -1,0 +1,87 @@
+"""The register stage: a trained run's model -> a registry version, and the alias when it is better.
+
+Models are chosen on dev accuracy, never on test (the test split stays held
+out for reporting). Each version is tagged with its dev accuracy and the
+SHA-256 of its checkpoint: a resumed run keeps logging to one MLflow run, so
+the run's latest metric cannot describe an older version, and the digest lets
+a rerun (a retried Prefect flow, a repeated `dvc repro`) find the version it
+already made instead of registering the same model twice.
+
+Promotion is atomic among spinn processes: the whole read-compare-set runs
+under the store's file lock, so two models registered at the same instant
+end with the better one as champion. After setting the alias it is read
+back, and set again while a worse model holds it (a writer outside the lock
+may have moved it meanwhile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from spinn.io import file_digest
+from spinn.tracking import store as tracking
+
+SELECTION_METRIC = "best_dev_accuracy"
+CHECKPOINT_TAG = "checkpoint_sha256"
+PROMOTION_ATTEMPTS = 3
+"""Times the alias is set and read back before a writer outside the store lock that keeps moving it wins."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What registering did: the version, and whether the alias now points at it."""
+
+    name: str
+    version: str
+    alias: str
+    promoted: bool
+    """The alias moved to this version in this call."""
+    champion: bool
+    """The alias points at this version now (just promoted, or earlier)."""
+    created: bool
+    previous_champion: float | None
+    """The dev accuracy behind the alias before this call (None: there was no champion)."""
+
+    @property
+    def uri(self) -> str:
+        return f"models:/{self.name}/{self.version}"
+
+
+def register_model(
+    run_id: str,
+    checkpoint: Path,
+    dev_accuracy: float,
+    *,
+    name: str,
+    alias: str,
+    description: str = "",
+    tags: dict[str, str] | None = None,
+) -> Registration:
+    """Register the run's `model/` folder once per checkpoint; move `alias` if it beats the champion on dev."""
+    digest = file_digest(Path(checkpoint), "sha256")
+    with tracking.store_lock():
+        champion = tracking.alias_metric(name, alias, SELECTION_METRIC)
+        for version, version_tags in tracking.versions_of_run(name, run_id):
+            if version_tags.get(CHECKPOINT_TAG) == digest:
+                is_champion = tracking.alias_version(name, alias) == version
+                return Registration(name, version, alias, False, is_champion, False, champion)
+        version_tags = {**(tags or {}), SELECTION_METRIC: repr(float(dev_accuracy)), CHECKPOINT_TAG: digest}
+        version = tracking.register(name, run_id, version_tags, description=description)
+        promoted = _promote(name, alias, version, dev_accuracy)
+    return Registration(name, version, alias, promoted, promoted, True, champion)
+
+
+def _promote(name: str, alias: str, version: str, dev_accuracy: float) -> bool:
+    """Point `alias` at `version` unless the model behind it scores as well on dev; True when it ends there.
+
+    Each pass reads the alias afresh: the first compares with the champion,
+    the next ones check the alias stayed set."""
+    for _ in range(PROMOTION_ATTEMPTS):
+        if tracking.alias_version(name, alias) == version:
+            return True
+        champion = tracking.alias_metric(name, alias, SELECTION_METRIC)
+        if champion is not None and champion >= dev_accuracy:
+            return False
+        tracking.set_alias(name, alias, version)
+    return tracking.alias_version(name, alias) == version

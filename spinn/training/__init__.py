@@ -1,0 +1,1 @@
+"""The training and evaluation stages: settings, the training loop, metrics."""

@@ -1,0 +1,199 @@
+"""Training configuration: one typed object, read from params.yaml, flow parameters and command-line options.
+
+params.yaml keeps one section per stage (DVC's convention); a training run
+reads `train` (with its nested `model`) and `embeddings`, the vectors the
+embeddings stage aligned. Anything left unset falls back to the paper's
+setting for the chosen variant, so `variant: spinn` alone reproduces Bowman
+et al. (2016)'s optimiser, dropout, tracker size and classifier depth.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, ClassVar, Literal
+
+from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
+
+from spinn.data.embeddings import EmbeddingSettings
+from spinn.model.config import PRESETS, VARIANTS, SPINNConfig
+from spinn.settings import Device, Settings, deep_merge, params_section
+from spinn.training.step import Schedule
+
+# Bowman et al. 2016, appendix table of tuned hyperparameters (300D models): initial
+# learning rate and L2 strength per variant. `cbow` takes the paper's sequence
+# baseline's values, the closest model it tuned.
+PAPER_OPTIMIZATION: dict[str, tuple[float, float]] = {
+    "cbow": (5e-3, 4e-6),
+    "pi-nt": (3e-4, 3e-6),
+    "pi": (7e-3, 2e-5),
+    "spinn": (2e-3, 3e-5),
+    "rl": (2e-3, 3e-5),  # not in the paper: spinn's, the model it extends
+}
+PAPER_MODELS: dict[str, str] = {
+    "pi-nt": "spinn-pi-nt-300d",
+    "pi": "spinn-pi-300d",
+    "spinn": "spinn-300d",
+    "cbow": "spinn-pi-nt-300d",
+    "rl": "rl-300d",
+}
+DEFAULT_VARIANT = "pi"
+AUTO = "auto"
+REFERENCE_BATCH_SIZE = 32
+"""The paper's batch size, at which its learning rates and decay interval were tuned."""
+GPU_BATCH_SIZE = 256
+"""batch_size auto on a GPU: large enough to keep it busy, and shown to keep the paper's accuracy
+(scripts/large_batch_recipe.py)."""
+FROM_VARIANT = {"default_from": "the paper's value for the variant"}
+"""Marks fields whose default depends on model.variant (the CLI's help says so)."""
+
+
+def _batch_size(value: Any) -> int | str:
+    """A number of pairs (at least 1) or "auto"; one clear message for anything else."""
+    if value == AUTO:
+        return AUTO
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
+        raise ValueError(f"must be a number of pairs or {AUTO!r} (got {value!r})")
+    if int(value) < 1:
+        raise ValueError(f"must be at least 1 (got {value!r})")
+    return int(value)
+
+
+BatchSize = Annotated[
+    int | Literal["auto"],
+    PlainValidator(_batch_size),
+    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": AUTO}]}),
+]
+
+
+class TrainConfig(Settings):
+    """Every setting of a training run; logged to MLflow and stored in checkpoints."""
+
+    section: ClassVar[str] = "train"
+
+    model: SPINNConfig = Field(
+        default_factory=lambda: PRESETS[PAPER_MODELS[DEFAULT_VARIANT]], json_schema_extra=FROM_VARIANT
+    )
+    """The model; fields left unset take the paper's preset for its variant."""
+    embeddings: EmbeddingSettings = EmbeddingSettings()
+    """The word vectors (params.yaml's `embeddings` section: the embeddings stage cached them)."""
+    learning_rate: float = Field(PAPER_OPTIMIZATION[DEFAULT_VARIANT][0], gt=0, json_schema_extra=FROM_VARIANT)
+    """RMSprop's initial learning rate at the paper's batch of 32 (lr_scaling adapts it to batch_size)."""
+    weight_decay: float = Field(PAPER_OPTIMIZATION[DEFAULT_VARIANT][1], ge=0, json_schema_extra=FROM_VARIANT)
+    """L2 strength."""
+    lr_decay: float = Field(0.75, gt=0, le=1)
+    """Learning-rate factor applied every lr_decay_steps."""
+    lr_decay_steps: int = Field(10_000, ge=1)
+    """Steps of 32 pairs between learning-rate decays (scaled to batch_size)."""
+    clip_norm: float = Field(5.0, gt=0)
+    """Gradient norm clipping."""
+    batch_size: BatchSize = 32
+    """Pairs per optimizer step; auto: 256 on a GPU (the large-batch recipe), the paper's 32 on a CPU."""
+    lr_scaling: Literal["none", "sqrt", "linear"] = "sqrt"
+    """How learning_rate, tuned for the paper's batch of 32, scales to another batch size (and the decay
+    interval with it, so the schedule follows the pairs seen, not the steps)."""
+    warmup_pairs: int = Field(0, ge=0)
+    """Pairs over which the learning rate rises linearly from zero (0: no warmup)."""
+    graphs: bool = True
+    """On a GPU, capture each batch shape's training step in a CUDA graph and replay it."""
+    processes: int = Field(1, ge=1)
+    """Training processes on this node (torchrun; each on its own GPU, or gloo on the CPU); batch_size stays
+    the global batch, shared among them."""
+    max_epochs: int = Field(10, ge=1)
+    """Stop after this many passes over the training split."""
+    max_steps: int | None = Field(None, ge=1)
+    """Stop after this many optimizer steps (none: only max_epochs)."""
+    eval_every: int = Field(1_000, ge=1)
+    """Steps between dev evaluations (early stopping, best.pt)."""
+    log_every: int = Field(50, ge=1)
+    """Steps between training-metric logs."""
+    patience: int = Field(10, ge=1)
+    """Dev evaluations without improvement before stopping early."""
+    checkpoint_every: int = Field(1_000, ge=1)
+    """Steps between writes of last.pt."""
+    seed: int = 1234
+    """Seeds initialization, batch order and dropout."""
+    device: Device = "auto"
+    """auto: the GPU when there is one."""
+    amp: bool = True
+    """bf16 autocast on GPU (cell state stays fp32)."""
+    threads: int | None = Field(None, ge=1)
+    """torch intra-op threads on CPU (none: torch's choice)."""
+    experiment: str = "spinn"
+    """MLflow experiment."""
+    registered_model: str = "spinn"
+    """MLflow registered model name."""
+    alias: str = "champion"
+    """Registry alias moved to a new version that beats it on dev accuracy."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _paper_defaults(cls, data: Any) -> Any:
+        """Fill what is unset from the paper's settings for the chosen variant (and read old checkpoints)."""
+        if not isinstance(data, dict):
+            return data
+        data = _migrate_flat_embeddings(dict(data))
+        model = data.get("model", {})
+        if isinstance(model, SPINNConfig):
+            model = model.model_dump()
+        variant = model.get("variant", DEFAULT_VARIANT)
+        if variant in VARIANTS:  # else the model's own validation names the field
+            data["model"] = deep_merge(PRESETS[PAPER_MODELS[variant]].model_dump(), model)
+            learning_rate, weight_decay = PAPER_OPTIMIZATION[variant]
+            data.setdefault("learning_rate", learning_rate)
+            data.setdefault("weight_decay", weight_decay)
+        return data
+
+    @classmethod
+    def from_params(cls, path: Path | None, *overrides: dict[str, Any]) -> TrainConfig:
+        """params.yaml's `train` section over its `embeddings` section (the vectors the embeddings stage
+        aligned), then the overrides (nested dicts, later ones win)."""
+        if path is None:
+            return cls.build(*overrides)
+        vectors = {"embeddings": params_section(path, EmbeddingSettings.section)}
+        return cls.build(vectors, params_section(path, cls.section), *overrides, where=f"{path}: train")
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
+        """A checkpoint's stored config."""
+        return cls.build(data, where="train config")
+
+    def resolved(self, device: str) -> TrainConfig:
+        """The config with `batch_size: auto` decided for the device the run uses ("cuda" or "cpu")."""
+        if self.batch_size != AUTO:
+            return self
+        return self.replace(batch_size=GPU_BATCH_SIZE if device == "cuda" else REFERENCE_BATCH_SIZE)
+
+    def schedule(self) -> Schedule:
+        """The learning-rate schedule of this (resolved) batch size: the paper's, scaled to its batch."""
+        ratio = self.batch_size / REFERENCE_BATCH_SIZE
+        scale = {"none": 1.0, "sqrt": math.sqrt(ratio), "linear": ratio}[self.lr_scaling]
+        return Schedule(
+            base=self.learning_rate * scale,
+            decay=self.lr_decay,
+            decay_steps=max(1, round(self.lr_decay_steps / ratio)),
+            warmup_steps=-(-self.warmup_pairs // self.batch_size),
+        )
+
+    def flat(self) -> dict[str, Any]:
+        """`model.d_hidden`-style keys, for MLflow params."""
+        return dict(_flatten(self.to_dict()))
+
+
+def _migrate_flat_embeddings(data: dict[str, Any]) -> dict[str, Any]:
+    """Release 0.1 stored the vectors as three flat train fields (embeddings, oov, embeddings_seed)."""
+    if isinstance(data.get("embeddings"), str):
+        data["embeddings"] = {"source": data["embeddings"]}
+        if "oov" in data:
+            data["embeddings"]["oov"] = data.pop("oov")
+        if "embeddings_seed" in data:
+            data["embeddings"]["seed"] = data.pop("embeddings_seed")
+    return data
+
+
+def _flatten(data: dict[str, Any], prefix: str = ""):
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from _flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value

@@ -1,0 +1,220 @@
+"""The evaluate stage: a trained model + a prepared split -> metrics JSON and a confusion plot.
+
+The model is a checkpoint file or an MLflow URI (`models:/spinn@champion`,
+`runs:/<id>/model`); either way it is read with weights_only, rebuilt from its
+own config and vocabulary, and run in a fixed order so the same inputs always
+give the same numbers. The split is encoded with the model's vocabulary; the
+metrics report the share of its tokens outside it, with a warning when that
+is most of them. `score_examples` is also what training calls for its
+periodic dev evaluation.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import ClassVar, Literal
+
+import numpy
+import torch
+from pydantic import Field
+
+from spinn.data.pairs import Example, encode_pairs, read_raw_pairs
+from spinn.data.schema import LABELS
+from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
+from spinn.errors import SpinnError
+from spinn.io import atomic_path
+from spinn.model.batch import PAD_TRANSITION, WIDTH_STEP, bucket_batches, make_batch, own_steps
+from spinn.model.checkpoint import check_vocabulary
+from spinn.model.config import SPINNConfig
+from spinn.model.loading import load_model, resolve_device
+from spinn.model.spinn import SPINN, transition_counts
+from spinn.settings import Device, Settings
+from spinn.training.metrics import Metrics, plot_confusion, score
+from spinn.training.step import InferStep
+from spinn.trees.transitions import bracket_counts
+
+EVAL_BATCH_SIZE = 256
+
+
+@dataclass(frozen=True)
+class Predictions:
+    """Gold and predicted class indices of labelled examples, in scoring order."""
+
+    gold: numpy.ndarray  # (N,) int64
+    predicted: numpy.ndarray  # (N,) int64
+    transition_accuracy: float | None
+    bracket_f1: float | None = None
+
+    def metrics(self) -> Metrics:
+        return score(self.gold, self.predicted, self.transition_accuracy, self.bracket_f1)
+
+
+def predict_examples(
+    model: SPINN,
+    examples: Sequence[Example],
+    device: torch.device,
+    *,
+    batch_size: int = EVAL_BATCH_SIZE,
+    predict_transitions: bool = False,
+    infer: InferStep | None = None,
+) -> Predictions:
+    """Run `model` over labelled examples (length-sorted batches, no dropout) and keep every prediction.
+
+    Results stay on the device until the last batch is done, and come back in one read. A caller that
+    scores often (training's dev evaluation) passes its own InferStep, so its CUDA graphs are kept."""
+    was_training = model.training
+    infer = infer or InferStep(model, predict_transitions=predict_transitions)
+    gold, predicted, counts, runs = [], [], [], []
+    with torch.no_grad():
+        for indices in bucket_batches(examples, batch_size, shuffle=False):
+            host = make_batch([examples[i] for i in indices], width_step=WIDTH_STEP)
+            batch = host.to(device, non_blocking=True)
+            output = infer(batch)
+            gold.append(batch.labels)
+            predicted.append(output.logits.argmax(1))
+            if output.transition_logits is not None:
+                counts.append(transition_counts(output, batch))
+            if predict_transitions:
+                runs.append((output.transitions, host))
+    model.train(was_training)
+    steps, correct = torch.stack(counts).sum(0).tolist() if counts else (0, 0)
+    brackets = sum((_bracket_counts(ran.cpu(), host) for ran, host in runs), numpy.zeros(3, dtype=numpy.int64))
+    bracket_f1 = 2 * brackets[0] / (brackets[1] + brackets[2]) if brackets[1:].sum() else None
+    return Predictions(
+        torch.cat(gold).cpu().numpy(),
+        torch.cat(predicted).cpu().numpy(),
+        correct / steps if steps else None,
+        None if bracket_f1 is None else float(bracket_f1),
+    )
+
+
+def _bracket_counts(ran: torch.Tensor, batch) -> numpy.ndarray:
+    """Summed (matched, predicted, gold) spans of the trees that ran against the batch's gold trees."""
+    counts = numpy.zeros(3, dtype=numpy.int64)
+    gold = batch.transitions
+    for row, length in enumerate(batch.lengths.tolist()):
+        if gold[row, 0] != PAD_TRANSITION:  # tokens-only rows have no tree to compare with
+            counts += bracket_counts(own_steps(ran, row, length), own_steps(gold, row, length))
+    return counts
+
+
+def score_examples(
+    model: SPINN,
+    examples: Sequence[Example],
+    device: torch.device,
+    *,
+    batch_size: int = EVAL_BATCH_SIZE,
+    predict_transitions: bool = False,
+    infer: InferStep | None = None,
+) -> Metrics:
+    """Accuracy and friends of `model` on labelled examples."""
+    return predict_examples(
+        model, examples, device, batch_size=batch_size, predict_transitions=predict_transitions, infer=infer
+    ).metrics()
+
+
+def read_examples(path: Path, vocabulary: Vocabulary) -> list[Example]:
+    """Labelled examples of a prepared split, encoded with the model's vocabulary."""
+    pairs = [pair for pair in read_raw_pairs(path) if pair.label is not None]
+    if not pairs:
+        raise SpinnError(f"{path}: no labelled pairs to evaluate on")
+    return encode_pairs(pairs, vocabulary)
+
+
+class EvaluateSettings(Settings):
+    """How a model is scored."""
+
+    section: ClassVar[str] = "evaluate"
+
+    transitions: Literal["auto", "gold", "predicted"] = "auto"
+    """gold: run on the parses; predicted: on the tracker's own transitions (spinn, rl: no parser needed);
+    auto: predicted for spinn and rl, as the paper tested spinn, else gold."""
+    batch_size: int = Field(EVAL_BATCH_SIZE, ge=1)
+    """Pairs per batch (the scores do not depend on it)."""
+    device: Device = "auto"
+    """auto: the GPU when there is one."""
+    track: bool = True
+    """Log <split>_accuracy and <split>_macro_f1 to the MLflow run that trained the model (a model whose
+    run is not in this store is scored all the same)."""
+
+
+def evaluate(
+    model_reference: str | Path,
+    data: Path,
+    output: Path,
+    settings: EvaluateSettings | None = None,
+    *,
+    plot: Path | None = None,
+    predictions: Path | None = None,
+    vocab: Path | None = None,
+) -> Metrics:
+    """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV)."""
+    settings = settings or EvaluateSettings()
+    loaded = load_model(model_reference, resolve_device(settings.device))
+    if vocab is not None:
+        check_vocabulary(loaded.contents, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
+    predict = _predicted_run(settings.transitions, loaded.model.config)
+    examples = read_examples(data, loaded.vocabulary)
+    found = predict_examples(
+        loaded.model,
+        examples,
+        next(loaded.model.parameters()).device,
+        batch_size=settings.batch_size,
+        predict_transitions=predict,
+    )
+    tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
+    metrics = replace(found.metrics(), oov_share=unknown / tokens if tokens else None)
+    warn_if_mostly_unknown(data, metrics.oov_share)
+    report = {
+        **metrics.to_json(),
+        "model": str(model_reference),
+        "data": str(data),
+        "variant": loaded.model.config.variant,
+        "transitions": "predicted" if predict else "gold",
+    }
+    with atomic_path(Path(output)) as temporary:
+        temporary.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    if plot is not None:
+        plot_confusion(metrics, plot, title=f"{loaded.model.config.variant} on {Path(data).name}")
+    if predictions is not None:
+        write_predictions(found, Path(predictions))
+    if settings.track:
+        _log_to_training_run(loaded.contents, split_name(Path(data)), metrics)
+    return metrics
+
+
+def write_predictions(found: Predictions, path: Path) -> Path:
+    """`actual,predicted` label names per example: the input of DVC's confusion-matrix plot."""
+    with atomic_path(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["actual", "predicted"])
+        writer.writerows(
+            (LABELS[gold], LABELS[predicted]) for gold, predicted in zip(found.gold, found.predicted, strict=True)
+        )
+    return path
+
+
+def split_name(data: Path) -> str:
+    """`data/prepared/test.parquet` -> `test`: the prefix of the metrics logged to MLflow."""
+    return Path(data).name.removesuffix(".parquet")
+
+
+def _log_to_training_run(contents: dict, split: str, metrics: Metrics) -> None:
+    from spinn.tracking import store as tracking
+
+    run_id = (contents.get("state") or {}).get("run_id")
+    values = {f"{split}_accuracy": metrics.accuracy, f"{split}_macro_f1": metrics.macro_f1}
+    if metrics.transition_accuracy is not None:
+        values[f"{split}_transition_accuracy"] = metrics.transition_accuracy
+    if run_id is not None:
+        tracking.log_run_metrics(run_id, values, step=contents.get("step", 0))
+
+
+def _predicted_run(transitions: str, config: SPINNConfig) -> bool:
+    if transitions == "predicted" and not config.predicts_transitions:
+        raise SpinnError(f"a {config.variant} model cannot predict transitions; only spinn and rl can")
+    return transitions == "predicted" or (transitions == "auto" and config.predicts_transitions)

@@ -1,0 +1,122 @@
+"""Classification metrics for NLI predictions: what `spinn evaluate` reports.
+
+Everything derives from one confusion matrix, so accuracy, per-class
+precision / recall / F1 and the plot can never disagree. The JSON layout is
+flat and stable (sorted keys, fixed class order) because DVC compares it
+across commits with `dvc metrics diff`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from spinn.data.schema import LABELS
+from spinn.errors import SpinnError
+
+
+@dataclass(frozen=True)
+class ClassScores:
+    precision: float
+    recall: float
+    f1: float
+    support: int
+
+
+@dataclass(frozen=True)
+class Metrics:
+    """Scores of one prediction set; `confusion[gold][predicted]` counts examples."""
+
+    confusion: tuple[tuple[int, ...], ...]
+    classes: tuple[str, ...] = LABELS
+    transition_accuracy: float | None = None
+    bracket_f1: float | None = None
+    """Unlabelled bracket F1 of the model's own trees against the data's (when it built its own)."""
+    oov_share: float | None = None
+    """The share of the data's tokens outside the model's vocabulary (set by `spinn evaluate`)."""
+
+    @property
+    def examples(self) -> int:
+        return int(np.asarray(self.confusion).sum())
+
+    @property
+    def accuracy(self) -> float:
+        matrix = np.asarray(self.confusion)
+        return float(np.trace(matrix) / matrix.sum()) if matrix.sum() else 0.0
+
+    def per_class(self) -> dict[str, ClassScores]:
+        matrix = np.asarray(self.confusion, dtype=np.float64)
+        scores = {}
+        for index, name in enumerate(self.classes):
+            true_positive = matrix[index, index]
+            predicted, actual = matrix[:, index].sum(), matrix[index, :].sum()
+            precision = true_positive / predicted if predicted else 0.0
+            recall = true_positive / actual if actual else 0.0
+            f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+            scores[name] = ClassScores(float(precision), float(recall), float(f1), int(actual))
+        return scores
+
+    @property
+    def macro_f1(self) -> float:
+        scores = self.per_class().values()
+        return sum(score.f1 for score in scores) / len(self.classes)
+
+    def to_json(self) -> dict:
+        """The flat, stable layout written to metrics.json (DVC metrics)."""
+        result: dict = {"accuracy": self.accuracy, "macro_f1": self.macro_f1, "examples": self.examples}
+        if self.transition_accuracy is not None:
+            result["transition_accuracy"] = self.transition_accuracy
+        if self.bracket_f1 is not None:
+            result["bracket_f1"] = self.bracket_f1
+        if self.oov_share is not None:
+            result["oov_share"] = self.oov_share
+        result["per_class"] = {name: vars(score) for name, score in self.per_class().items()}
+        result["confusion_matrix"] = {"labels": list(self.classes), "counts": [list(row) for row in self.confusion]}
+        return result
+
+
+def confusion_matrix(gold: np.ndarray, predicted: np.ndarray, n_classes: int = len(LABELS)) -> np.ndarray:
+    """(n_classes, n_classes) counts, rows gold, columns predicted."""
+    gold, predicted = np.asarray(gold, dtype=np.int64), np.asarray(predicted, dtype=np.int64)
+    if gold.shape != predicted.shape:
+        raise SpinnError(f"{gold.shape[0]} gold labels but {predicted.shape[0]} predictions")
+    if gold.size and (min(gold.min(), predicted.min()) < 0 or max(gold.max(), predicted.max()) >= n_classes):
+        raise SpinnError(f"labels must be class indices in [0, {n_classes})")
+    return np.bincount(gold * n_classes + predicted, minlength=n_classes * n_classes).reshape(n_classes, n_classes)
+
+
+def score(
+    gold: np.ndarray, predicted: np.ndarray, transition_accuracy: float | None = None, bracket_f1: float | None = None
+) -> Metrics:
+    matrix = confusion_matrix(gold, predicted)
+    return Metrics(tuple(tuple(int(v) for v in row) for row in matrix), LABELS, transition_accuracy, bracket_f1)
+
+
+def plot_confusion(metrics: Metrics, path: Path, title: str = "Confusion matrix") -> Path:
+    """Write the confusion matrix as a PNG (counts and row-normalised shading)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    matrix = np.asarray(metrics.confusion, dtype=np.float64)
+    shares = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
+    figure, axes = plt.subplots(figsize=(4.8, 4.2), dpi=120)
+    axes.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
+    ticks = range(len(metrics.classes))
+    axes.set_xticks(ticks, metrics.classes, rotation=30, ha="right")
+    axes.set_yticks(ticks, metrics.classes)
+    axes.set_xlabel("predicted")
+    axes.set_ylabel("gold")
+    axes.set_title(f"{title}\naccuracy {metrics.accuracy:.4f} ({metrics.examples} examples)")
+    for (row, column), count in np.ndenumerate(matrix):
+        color = "white" if shares[row, column] > 0.5 else "black"
+        axes.text(column, row, f"{int(count)}", ha="center", va="center", color=color)
+    figure.tight_layout()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path)
+    plt.close(figure)
+    return path

@@ -1,0 +1,209 @@
+"""Distributed training under torchrun on the CPU (gloo): the same model as one process, one MLflow run, exact resume.
+
+The jobs are real: `spinn train` with processes=2 starts torchrun, which starts two
+ranks; a sitecustomize on their PYTHONPATH makes any rank but 0 fail at once if
+it imports MLflow or publishes a file, so a passing run proves they never do.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from spinn.data.pairs import Example
+from spinn.model.checkpoint import load_checkpoint
+from spinn.training.distributed import Topology, make_share, share
+
+BIN = Path(sys.executable).parent
+SETTINGS = [
+    "model.variant=pi",
+    "model.d_hidden=16",
+    "model.d_tracker=8",
+    "model.mlp_dim=16",
+    "model.mlp_layers=1",
+    "model.use_batch_norm=false",
+    "model.embed_dropout=0.0",
+    "model.mlp_dropout=0.0",
+    "batch_size=16",
+    "learning_rate=0.001",
+    "eval_every=10",
+    "checkpoint_every=5",
+    "log_every=5",
+    "device=cpu",
+    "threads=1",
+    "experiment=distributed",
+]
+"""A tiny PI model, no dropout, no batch norm. The learning rate is RMSprop's 1e-3: at the paper's 7e-3
+this tiny model amplifies float32 rounding (the ranks' gradients agree with one process's to 4e-7, and to
+2e-15 in float64) to 8e-4 in 20 steps."""
+WEIGHT_TOLERANCE = 1e-4
+POISON = """
+import os, sys, importlib.abc
+if os.environ.get("RANK", "0") != "0":
+    class _NoMlflow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path, target=None):
+            if name.split(".")[0] == "mlflow":
+                raise ImportError(f"rank {os.environ['RANK']} imported {name}")
+    sys.meta_path.insert(0, _NoMlflow())
+    import spinn.io
+    def _refuse(path):
+        raise RuntimeError(f"rank {os.environ['RANK']} tried to publish {path}")
+    spinn.io.atomic_path = _refuse
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    from spinn.data.prepare import PrepareSettings, prepare
+    from spinn.data.smoke import write_smoke_corpus
+    from spinn.data.vocab import vocab_stage
+
+    root = tmp_path_factory.mktemp("distributed")
+    archive = write_smoke_corpus(root / "snli.zip")
+    for split in ("train", "dev"):
+        prepare(archive, root / "prepared", PrepareSettings(workers=1), member=f"snli_1.0_{split}.jsonl")
+    vocab_stage(root / "prepared" / "train.parquet")
+    (root / "poison").mkdir()
+    (root / "poison" / "sitecustomize.py").write_text(POISON)
+    return root
+
+
+def command(root: Path, output: str, *extra: str) -> list[str]:
+    settings = [part for setting in SETTINGS for part in ("--set", setting)]
+    return [
+        str(BIN / "spinn"),
+        "train",
+        "--train",
+        str(root / "prepared" / "train.parquet"),
+        "--dev",
+        str(root / "prepared" / "dev.parquet"),
+        "--output-dir",
+        str(root / output),
+        "--embeddings-dir",
+        str(root / "embeddings"),
+        *settings,
+        *extra,
+    ]
+
+
+def environment(root: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
+        "OMP_NUM_THREADS": "1",  # torchrun's ranks run one thread each: so does the single process
+        "PYTHONPATH": os.pathsep.join([str(root / "poison"), os.environ.get("PYTHONPATH", "")]),
+    }
+
+
+def run(root: Path, output: str, *extra: str) -> subprocess.CompletedProcess:
+    done = subprocess.run(
+        command(root, output, *extra),
+        cwd=root,
+        env=environment(root),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert done.returncode == 0, f"{done.stdout}\n{done.stderr}"
+    return done
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["model_state"]
+
+
+def assert_same_weights(first: Path, second: Path, tolerance: float) -> None:
+    a, b = weights(first), weights(second)
+    worst = max((a[name].float() - b[name].float()).abs().max().item() for name in a)
+    assert worst <= tolerance, f"weights differ by {worst:.3g}"
+
+
+@pytest.mark.slow
+def test_two_ranks_train_what_one_process_trains_in_one_run(project):
+    import mlflow
+
+    run(project, "two", "--set", "max_steps=20", "--set", "processes=2")  # first: rank 0 fills the vector cache
+    run(project, "one", "--set", "max_steps=20", "--no-register")
+    assert_same_weights(project / "one" / "last.pt", project / "two" / "last.pt", WEIGHT_TOLERANCE)
+    assert len(load_checkpoint(project / "two" / "last.pt")["rng_ranks"]) == 2
+    mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
+    runs = mlflow.search_runs(experiment_names=["distributed"])
+    assert sorted(runs["params.world_size"]) == ["1", "2"]  # one run per job, not one per rank
+    assert (runs.loc[runs["params.world_size"] == "2", "params.backend"] == "gloo").all()
+    versions = mlflow.MlflowClient().search_model_versions("name = 'spinn'")
+    assert len(versions) == 1 and versions[0].run_id == runs.loc[runs["params.world_size"] == "2", "run_id"].item()
+
+
+@pytest.mark.slow
+def test_the_poison_would_catch_a_rank_that_touches_mlflow(project):
+    """The check above means something: under the sitecustomize, rank 1 cannot import MLflow."""
+    probe = subprocess.run(
+        [sys.executable, "-c", "import mlflow"],
+        env={**environment(project), "RANK": "1"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert probe.returncode != 0 and "rank 1 imported mlflow" in probe.stderr
+
+
+@pytest.mark.slow
+def test_killing_every_rank_after_a_checkpoint_then_resuming_is_exact(project):
+    run(project, "whole", "--set", "max_steps=40", "--set", "processes=2", "--no-register")
+    job = subprocess.Popen(
+        command(project, "killed", "--set", "max_steps=40", "--set", "processes=2", "--no-register"),
+        cwd=project,
+        env=environment(project),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    last = project / "killed" / "last.pt"
+    step = _wait_for_checkpoint(last, job)
+    os.killpg(job.pid, signal.SIGKILL)  # torchrun and both ranks at once
+    job.wait()
+    assert 0 < step < 40, f"the job was killed at step {step}, not in the middle"
+    run(project, "killed", "--set", "max_steps=40", "--set", "processes=2", "--no-register", "--resume")
+    assert_same_weights(project / "whole" / "last.pt", last, 0.0)
+
+
+def _wait_for_checkpoint(path: Path, job: subprocess.Popen, at_least: int = 10) -> int:
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if path.is_file():
+            step = load_checkpoint(path)["step"]
+            if step >= at_least:
+                return step
+        assert job.poll() is None, "the job ended before it could be killed"
+        time.sleep(0.02)
+    raise AssertionError("no checkpoint in time")
+
+
+def example(length: int) -> Example:
+    tokens = tuple(range(2, 2 + length))
+    transitions = (0,) + (0, 1) * (length - 1)
+    return Example(tokens, transitions, tokens, transitions, 0)
+
+
+@pytest.mark.parametrize("size", [1, 7, 16])
+def test_ranks_share_a_batch_exactly(size):
+    indices = list(range(100, 100 + size))
+    shares = [share(indices, Topology(rank, 3)) for rank in range(3)]
+    assert sum(shares, []) == indices
+    assert max(map(len, shares)) - min(map(len, shares)) <= 1
+
+
+def test_loss_scales_turn_rank_means_into_the_global_mean():
+    examples = [example(length) for length in (1, 2, 3, 4, 5)]
+    scales = [make_share(examples, range(5), Topology(rank, 2)).loss_scale for rank in range(2)]
+    pairs = [len(share(range(5), Topology(rank, 2))) for rank in range(2)]
+    assert [scale[0].item() for scale in scales] == pytest.approx([2 * count / 5 for count in pairs])
+    assert sum(scale[1].item() for scale in scales) == pytest.approx(2.0)  # shares of the real steps

@@ -1,0 +1,61 @@
+"""The label-pairs flow's plain parts (request settings, the inbox listing), without a Prefect server.
+
+The flow and `spinn label` are two doors to one stage: they must read the same
+files and fill the same parse cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flows.label_pairs import LabelRequest
+from spinn.parsing.parser import DEFAULT_CACHE_PATH
+
+
+def test_the_flow_and_spinn_label_share_one_parse_cache(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    request = LabelRequest(inbox=tmp_path / "inbox", outbox=tmp_path / "labelled")
+    flow_cache = request.label_settings().parsing.cache_path
+    help_text = " ".join(CliRunner().invoke(main, ["label", "--help"]).output.split())
+    assert f"[default: {DEFAULT_CACHE_PATH}]" in help_text.replace(f"{DEFAULT_CACHE_PATH.parent}/ ", "")
+    assert Path(flow_cache) == DEFAULT_CACHE_PATH
+
+
+def candidate_names() -> list[str]:
+    """File names with every suffix the reader knows, gzipped or not, in both cases, and some it does not."""
+    from spinn.data.sentence_pairs import GZIP_SUFFIX, SUFFIX_FORMATS
+
+    suffixes = [*SUFFIX_FORMATS, ".txt", ".json", ".zip"]
+    names = [f"pairs{suffix}{gz}" for suffix in suffixes for gz in ("", GZIP_SUFFIX)]
+    return names + [name.upper() for name in names]
+
+
+def reader_accepts(path: Path) -> bool:
+    from spinn.data.sentence_pairs import detect_format
+    from spinn.errors import SpinnError
+
+    try:
+        detect_format(path)
+    except SpinnError:
+        return False
+    return True
+
+
+def test_the_inbox_picks_up_every_file_the_reader_accepts_and_no_other(tmp_path):
+    from flows.label_pairs import pending_files
+
+    for name in candidate_names():
+        (tmp_path / name).write_bytes(b"")
+    picked = {path.name for path in pending_files(tmp_path, {})}
+    assert picked == {name for name in candidate_names() if reader_accepts(tmp_path / name)}
+    assert {"pairs.ndjson", "pairs.tab", "pairs.ndjson.gz", "pairs.tab.gz"} <= picked
+
+
+def test_outputs_are_named_after_the_input_without_its_suffix():
+    from flows.label_pairs import _stem
+
+    assert [_stem(Path(name)) for name in ("a.b.tsv.gz", "PAIRS.NDJSON", "pairs.tab")] == ["a.b", "PAIRS", "pairs"]

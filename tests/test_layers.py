@@ -1,0 +1,84 @@
+"""The package's layers: every import inside spinn/ points down (README, "Layout").
+
+Imports are read from the source (module level and inside functions alike, since
+a lazy import runs too), so the test needs nothing installed beyond the stdlib.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "spinn"
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("spinn", "spinn.errors", "spinn.io", "spinn.settings"),  # ground
+    ("spinn.trees",),
+    ("spinn.data",),
+    ("spinn.parsing",),
+    ("spinn.tracking",),
+    ("spinn.model",),
+    ("spinn.training",),
+    ("spinn.labeling",),
+    ("spinn.cli", "spinn.bench", "spinn.opcount", "spinn.options"),  # entry points and measurement
+)
+"""Bottom to top. A module may import from its own layer and the ones below it, never above."""
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> int:
+    """The layer of the longest prefix that names one (spinn.model.spinn -> spinn.model)."""
+    best = None
+    for rank, names in enumerate(LAYERS):
+        for name in names:
+            if (module == name or module.startswith(name + ".")) and (best is None or len(name) > len(best[1])):
+                best = (rank, name)
+    if best is None:
+        raise AssertionError(f"{module} belongs to no layer; add it to LAYERS (and README's layout map)")
+    return best[0]
+
+
+def spinn_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of a spinn module in the file."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "spinn"]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "spinn":
+            if node.module == "spinn":  # from spinn import tracking: each name is a module
+                found += [(node.lineno, f"spinn.{alias.name}") for alias in node.names]
+            else:
+                found.append((node.lineno, node.module))
+    return found
+
+
+SOURCES = sorted(PACKAGE.rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    for path in SOURCES:
+        layer_of(module_name(path))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda path: str(path.relative_to(PACKAGE.parent)))
+def test_imports_point_down(path):
+    here = module_name(path)
+    upward = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {target} (layer {layer_of(target)} > {layer_of(here)})"
+        for line, target in spinn_imports(path)
+        if layer_of(target) > layer_of(here)
+    ]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_check_sees_an_upward_import(tmp_path):
+    """The walker must catch a lazy import inside a function, the kind that hides best."""
+    source = tmp_path / "lazy.py"
+    source.write_text("def f():\n    from spinn.training.train import train\n    import spinn.cli\n")
+    assert spinn_imports(source) == [(2, "spinn.training.train"), (3, "spinn.cli")]
+    assert layer_of("spinn.training.train") > layer_of("spinn.model.spinn")

@@ -1,0 +1,82 @@
+"""Users' files survive new releases: what release 0.1.0 wrote still loads and predicts the same.
+
+tests/fixtures/release-0.1.0 holds a checkpoint, its vocabulary and config,
+prepared pairs and the model's predictions on them, all written by the 0.1.0
+code (see its README). A registered `models:/...@champion` of that release is
+the same files in an MLflow run's `model/` folder, registered as 0.1.0 did.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from spinn.data.pairs import encode_pairs, read_raw_pairs
+from spinn.data.schema import read_pairs
+from spinn.data.vocab import Vocabulary
+from spinn.model.batch import PAD_TRANSITION, make_batch
+from spinn.model.checkpoint import load_checkpoint
+from spinn.model.loading import load_model
+
+RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
+PROBABILITY_TOLERANCE = 1e-6
+
+
+@pytest.fixture(scope="module")
+def expected() -> dict:
+    return json.loads((RELEASE / "expected.json").read_text())
+
+
+def predictions(reference: str | Path) -> dict[str, dict]:
+    loaded = load_model(reference, torch.device("cpu"))
+    batch = make_batch(encode_pairs(read_raw_pairs(RELEASE / "pairs.parquet"), loaded.vocabulary))
+    found = {}
+    with torch.no_grad():
+        for mode, predict in (("gold", False), ("predicted", True)):
+            output = loaded.model(batch, predict_transitions=predict)
+            found[mode] = {"probabilities": torch.softmax(output.logits.double(), 1), "transitions": output.transitions}
+    return found
+
+
+def assert_same_predictions(found: dict, expected: dict) -> None:
+    for mode in ("gold", "predicted"):
+        probabilities = torch.tensor(expected[mode]["probabilities"], dtype=torch.float64)
+        difference = (found[mode]["probabilities"] - probabilities).abs().max().item()
+        assert difference <= PROBABILITY_TOLERANCE, f"{mode}: probabilities moved by {difference:.2g}"
+        old, new = torch.tensor(expected[mode]["transitions"]), found[mode]["transitions"]
+        assert [row[row != PAD_TRANSITION].tolist() for row in old] == [
+            row[row != PAD_TRANSITION].tolist() for row in new
+        ], f"{mode}: other transitions ran (padding aside, whatever its layout)"
+
+
+def test_the_checkpoint_loads_and_predicts_the_same(expected):
+    assert load_checkpoint(RELEASE / "checkpoint.pt")["format"] == "spinn.checkpoint"
+    assert_same_predictions(predictions(RELEASE / "checkpoint.pt"), expected)
+
+
+def test_the_vocabulary_and_prepared_pairs_read():
+    vocabulary = Vocabulary.load(RELEASE / "vocab.json")
+    assert vocabulary.tokens == load_model(RELEASE / "checkpoint.pt", torch.device("cpu")).vocabulary.tokens
+    assert read_pairs(RELEASE / "pairs.parquet").num_rows == len(read_raw_pairs(RELEASE / "pairs.parquet")) == 24
+
+
+def test_a_version_registered_by_that_release_loads_through_its_alias(expected, tmp_path, monkeypatch):
+    """0.1.0 logged checkpoint.pt, vocab.json and config.json under the run's model/ folder and registered
+    that folder; an alias on that version must still serve the same model."""
+    import mlflow
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_experiment("release-0.1.0")
+    with mlflow.start_run() as run:
+        for name in ("checkpoint.pt", "vocab.json", "config.json"):
+            mlflow.log_artifact(str(RELEASE / name), artifact_path="model")
+    client = mlflow.MlflowClient()
+    client.create_registered_model("spinn")
+    version = client.create_model_version("spinn", f"{run.info.artifact_uri}/model", run_id=run.info.run_id)
+    client.set_registered_model_alias("spinn", "champion", version.version)
+    assert_same_predictions(predictions("models:/spinn@champion"), expected)

@@ -1,0 +1,173 @@
+"""One source for every setting: params.yaml, the CLI and the Prefect flows all read the stages' settings models.
+
+Every params.yaml key must be a field of its section's model; every field of a
+stage's model must be an option of the stage's command (with the model's
+choices, never a copy) and a field of the flow parameter that runs the stage,
+unless the model or this file says why not.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal, get_args, get_origin
+
+import click
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from spinn.bench import BenchSettings
+from spinn.cli import COMMANDS, main
+from spinn.data.download import DownloadSettings
+from spinn.data.embeddings import EmbeddingSettings
+from spinn.data.prepare import PrepareSettings
+from spinn.data.vocab import VocabSettings
+from spinn.labeling.induce import TreesSettings
+from spinn.labeling.label import LabelSettings
+from spinn.options import SEPARATOR
+from spinn.parsing.parse import ParseSettings
+from spinn.settings import Settings, settings_type
+from spinn.training.config import TrainConfig
+from spinn.training.evaluate import EvaluateSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+PARAMS = ROOT / "params.yaml"
+COMMAND_OF: dict[type[Settings], str] = {
+    DownloadSettings: "download",
+    PrepareSettings: "prepare",
+    VocabSettings: "vocab",
+    EmbeddingSettings: "embeddings",
+    TrainConfig: "train",
+    EvaluateSettings: "evaluate",
+    ParseSettings: "parse",
+    LabelSettings: "label",
+    TreesSettings: "trees",
+    BenchSettings: "bench",
+}
+POSITIONAL = {(DownloadSettings, "corpus")}
+"""Fields the command takes as its argument rather than an option (`spinn download snli`)."""
+NOT_IN_FLOWS = {
+    ParseSettings: "`spinn parse` prepares one new file by hand; the label-pairs flow parses as part of labelling",
+    TreesSettings: "`spinn trees` is for looking at a model's trees, not a pipeline stage",
+    BenchSettings: "`spinn bench` measures speed; it is no stage of the pipeline",
+}
+
+
+def leaf_fields(model: type[Settings], prefix: tuple[str, ...] = ()):
+    """(path, annotation) of every leaf field, nested settings flattened."""
+    for name, info in model.model_fields.items():
+        nested = settings_type(info.annotation)
+        if nested is not None:
+            yield from leaf_fields(nested, (*prefix, name))
+        else:
+            yield (*prefix, name), info.annotation
+
+
+def flatten(data: dict, prefix: tuple[str, ...] = ()):
+    for key, value in data.items():
+        if isinstance(value, dict):
+            yield from flatten(value, (*prefix, key))
+        else:
+            yield (*prefix, key)
+
+
+def command(name: str) -> click.Command:
+    return main.get_command(click.Context(main), name)
+
+
+def literal_choices(annotation) -> list[str] | None:
+    """A Literal field's values (also `Literal | None`); a union of kinds is read by the model, not a choice."""
+    kinds = [candidate for candidate in get_args(annotation) if candidate is not type(None)]
+    for candidate in (annotation, *(kinds if len(kinds) == 1 else [])):
+        if get_origin(candidate) is Literal:
+            return [str(value) for value in get_args(candidate)]
+    return None
+
+
+@pytest.mark.parametrize("section", sorted(yaml.safe_load(PARAMS.read_text())))
+def test_every_params_key_is_a_field_of_its_section(section):
+    owners = [model for model in COMMAND_OF if model.section == section]
+    assert len(owners) == 1, f"params.yaml section {section!r} belongs to no stage's settings model"
+    (model,) = owners
+    fields = [path for path, _ in leaf_fields(model)]
+    for key in flatten(yaml.safe_load(PARAMS.read_text())[section]):  # a dict field's keys sit below it
+        assert any(key[: len(path)] == path for path in fields), f"params.yaml {section}.{'.'.join(key)}"
+    model.from_params(PARAMS)  # and the whole section validates
+
+
+@pytest.mark.parametrize("model", list(COMMAND_OF), ids=lambda model: model.__name__)
+def test_every_field_is_an_option_with_the_models_choices(model):
+    params = {param.name: param for param in command(COMMAND_OF[model]).params}
+    for path, annotation in leaf_fields(model):
+        if path[0] in model.not_on_cli or (model, path[0]) in POSITIONAL:
+            continue
+        name = SEPARATOR.join(path)
+        assert name in params, (
+            f"{model.__name__}.{'.'.join(path)} has no option on `spinn {COMMAND_OF[model]}` "
+            "(list it in the model's not_on_cli with the reason)"
+        )
+        choices = literal_choices(annotation)
+        if choices is not None:
+            assert list(params[name].type.choices) == choices, f"{name}: choices not the model's"
+
+
+def test_every_field_left_off_the_cli_says_why():
+    for model in COMMAND_OF:
+        for name, reason in model.not_on_cli.items():
+            assert name in model.model_fields and len(reason) > 20
+
+
+def test_every_stage_runs_from_a_flow_with_all_its_fields():
+    from flows.label_pairs import LabelRequest
+    from flows.settings import CorpusRequest, EvaluateRequest, TrainRequest
+
+    carried = {
+        DownloadSettings: CorpusRequest.model_fields["download"].annotation,
+        PrepareSettings: CorpusRequest.model_fields["prepare"].annotation,
+        VocabSettings: CorpusRequest.model_fields["vocab"].annotation,
+        EmbeddingSettings: CorpusRequest.model_fields["embeddings"].annotation,
+        TrainConfig: TrainRequest.model_fields["settings"].annotation,
+        EvaluateSettings: EvaluateRequest.model_fields["settings"].annotation,
+        LabelSettings: LabelRequest.model_fields["settings"].annotation,
+    }
+    assert set(carried) | set(NOT_IN_FLOWS) == set(COMMAND_OF)
+    for model, overrides in carried.items():
+        assert overrides is model.overrides()
+        assert set(overrides.model_fields) == set(model.model_fields), model.__name__
+        assert all(field.default is None for field in overrides.model_fields.values())
+
+
+def test_the_prefect_form_offers_the_models_choices():
+    """The flow parameter's JSON schema (what Prefect's UI renders) carries the Literal choices."""
+    from flows.settings import TrainRequest
+
+    schema = json.dumps(TrainRequest.model_json_schema())
+    assert '"enum": ["pi-nt", "pi", "spinn", "rl", "cbow"]' in schema
+    assert "Pairs per optimizer step;" in schema
+
+
+def test_options_win_over_params_which_win_over_defaults(tmp_path, snli_train_sample):
+    from spinn.data.prepare import prepare
+
+    prepared = prepare(snli_train_sample, tmp_path).output
+    (tmp_path / "params.yaml").write_text("vocab:\n  lowercase: false\n  min_freq: 2\n")
+    runner = CliRunner()
+    from_params = runner.invoke(main, ["vocab", str(prepared), "--config", str(tmp_path / "params.yaml")])
+    assert from_params.exit_code == 0 and "(lowercase=False, min_freq=2)" in from_params.output
+    from_option = runner.invoke(
+        main, ["vocab", str(prepared), "--config", str(tmp_path / "params.yaml"), "--min-freq", "3", "--lowercase"]
+    )
+    assert from_option.exit_code == 0 and "(lowercase=True, min_freq=3)" in from_option.output
+
+
+def test_a_bad_setting_is_named_by_its_option():
+    result = CliRunner().invoke(main, ["train", "--set", "batch_size=0", "--set", "model.variant=lstm"])
+    assert result.exit_code == 1
+    assert "--batch-size (batch_size): must be at least 1 (got 0)" in result.output
+    assert "--variant (model.variant): Input should be" in result.output
+
+
+def test_every_command_loads_from_its_module():
+    for name in COMMANDS:
+        assert command(name).name == name

@@ -1,0 +1,235 @@
+"""spinn.tracking.store against a real MLflow sqlite store in a temporary folder.
+
+A store that cannot be read must never look like an empty one: "no champion"
+lets any new model take the alias, so only MLflow's not-found answers may read
+as "absent" and every other error has to reach the caller.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spinn.tracking import store as tracking
+
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+"""Where MLflow 3's UI reads an experiment's type (its React bundle; the Python package has no constant for it)."""
+MODEL_TRAINING_KIND = "custom_model_development"
+"""The type the UI shows as "Machine learning", with runs, not traces, first."""
+MODEL = "tracking-test"
+ALIAS = "champion"
+ABSENT_RUN_ID = "0" * 32
+SQLITE_HEADER_BYTES = 100
+"""The sqlite file header; overwriting it turns every later query into "file is not a database"."""
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch) -> Path:
+    """A fresh sqlite store; the working folder is tmp_path so no ./mlruns lands in the checkout."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return tmp_path / "mlflow.db"
+
+
+def logged_run() -> str:
+    with tracking.run("tracking-test", run_name="logged") as run_id:
+        tracking.log_metrics({"dev_accuracy": 0.5}, step=0)
+    return run_id
+
+
+def corrupt(database: Path) -> None:
+    """Damage the store the way a bad disk or a half-copied file would, while MLflow has it open."""
+    with database.open("r+b") as handle:
+        handle.write(b"\xff" * SQLITE_HEADER_BYTES)
+
+
+def test_no_alias_reads_as_no_champion(store):
+    assert tracking.alias_version(MODEL, ALIAS) is None  # the model is not registered at all
+    tracking.register(MODEL, logged_run(), tags={"dev_accuracy": "0.5"})
+    assert tracking.alias_version(MODEL, ALIAS) is None  # registered, but the alias is not set
+    assert tracking.alias_metric(MODEL, ALIAS, "dev_accuracy") is None
+
+
+def test_an_alias_gives_its_version_and_metric(store):
+    version = tracking.register(MODEL, logged_run(), tags={"dev_accuracy": "0.5"})
+    tracking.set_alias(MODEL, ALIAS, version)
+    assert tracking.alias_version(MODEL, ALIAS) == version
+    assert tracking.alias_metric(MODEL, ALIAS, "dev_accuracy") == 0.5
+
+
+def test_run_exists_only_for_runs_in_this_store(store):
+    assert tracking.run_exists(logged_run())
+    assert not tracking.run_exists(ABSENT_RUN_ID)
+
+
+def test_an_unreadable_store_raises_instead_of_reading_as_no_champion(store):
+    from mlflow.exceptions import MlflowException
+
+    tracking.register(MODEL, logged_run(), tags={"dev_accuracy": "0.5"})
+    corrupt(store)
+    with pytest.raises(MlflowException, match="not a database"):
+        tracking.alias_version(MODEL, ALIAS)
+    with pytest.raises(MlflowException, match="not a database"):
+        tracking.alias_metric(MODEL, ALIAS, "dev_accuracy")
+
+
+def test_an_unreadable_store_raises_instead_of_reading_as_no_run(store):
+    from mlflow.exceptions import MlflowException
+
+    run_id = logged_run()
+    corrupt(store)
+    with pytest.raises(MlflowException, match="not a database"):
+        tracking.run_exists(run_id)
+
+
+def run_status(run_id: str) -> str:
+    import mlflow
+
+    return mlflow.MlflowClient().get_run(run_id).info.status
+
+
+def test_a_clean_block_leaves_its_run_finished(store):
+    import mlflow
+
+    with tracking.run("tracking-test", run_name="clean") as run_id:
+        tracking.log_params({"ok": True})
+    assert run_status(run_id) == "FINISHED" and mlflow.active_run() is None
+
+
+@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
+def test_a_block_that_raises_leaves_its_run_failed(store, error):
+    import mlflow
+
+    with pytest.raises(error), tracking.run("tracking-test", run_name="raises") as run_id:
+        raise error("stopped")
+    assert run_status(run_id) == "FAILED" and mlflow.active_run() is None
+
+
+def test_a_continued_run_is_finished_again(store):
+    run_id = logged_run()
+    with tracking.run("tracking-test", run_id=run_id) as continued:
+        tracking.log_metrics({"dev_accuracy": 0.6}, step=1)
+    assert continued == run_id and run_status(run_id) == "FINISHED"
+
+
+def experiment_kind(name: str) -> str | None:
+    import mlflow
+
+    return mlflow.MlflowClient().get_experiment_by_name(name).tags.get(EXPERIMENT_KIND_TAG)
+
+
+def test_a_new_experiment_is_filed_as_model_training(store):
+    logged_run()
+    assert experiment_kind("tracking-test") == MODEL_TRAINING_KIND
+
+
+def test_an_untyped_experiment_from_an_earlier_release_is_filed_as_model_training(store):
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.tracking_uri())
+    mlflow.MlflowClient().create_experiment("made-before")
+    with tracking.run("made-before"):
+        pass
+    assert experiment_kind("made-before") == MODEL_TRAINING_KIND
+
+
+def test_a_kind_someone_chose_is_kept(store):
+    import mlflow
+
+    mlflow.set_tracking_uri(tracking.tracking_uri())
+    mlflow.MlflowClient().create_experiment("chosen", tags={EXPERIMENT_KIND_TAG: "genai_development"})
+    with tracking.run("chosen"):
+        pass
+    assert experiment_kind("chosen") == "genai_development"
+
+
+def test_a_registered_model_created_meanwhile_is_taken_as_it_is(store, monkeypatch):
+    """Another process (the MLflow UI, say) creates the model between our look-up and our creation."""
+    import mlflow
+
+    run_id = logged_run()
+    tracking.register(MODEL, run_id, tags={})
+    monkeypatch.setattr(mlflow.MlflowClient, "search_registered_models", lambda *_args, **_kwargs: [])
+    assert tracking.register(MODEL, run_id, tags={}) == "2"
+
+
+# ----------------------------------------------------------------------------- two processes, one store
+
+RACE_TIMEOUT_S = 300
+START_DELAY_S = 15.0
+"""Time for both processes to import MLflow before the first trial starts."""
+TRIAL_SPACING_S = 4.0
+"""Between trials: long enough for both registrations of one trial to end before the next begins."""
+TRIALS = 6
+REGISTER_AT = """
+import os, sys, time
+from spinn.tracking.register import register_model
+run_id, checkpoint, accuracy = sys.argv[1], sys.argv[2], float(sys.argv[3])
+start, trials, spacing = float(os.environ["START_AT"]), int(os.environ["TRIALS"]), float(os.environ["SPACING"])
+for trial in range(trials):
+    time.sleep(max(0.0, start + trial * spacing - time.time()))
+    register_model(run_id, checkpoint, accuracy, name=f"race-{trial}", alias="champion")
+"""
+OPEN_AT = """
+import os, sys, time
+from spinn.tracking import store as tracking
+start, trials, spacing = float(os.environ["START_AT"]), int(os.environ["TRIALS"]), float(os.environ["SPACING"])
+for trial in range(trials):
+    os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{sys.argv[1]}/fresh-{trial}.db"
+    time.sleep(max(0.0, start + trial * spacing - time.time()))
+    with tracking.run("race"):
+        tracking.log_metrics({"dev_accuracy": 0.5}, step=1)
+"""
+
+
+def at_the_same_instants(script: str, argument_lists: list[list[str]], cwd: Path) -> None:
+    """One process per argument list, each doing TRIALS trials at the same clock times; all must succeed."""
+    timing = {"START_AT": str(time.time() + START_DELAY_S), "TRIALS": str(TRIALS), "SPACING": str(TRIAL_SPACING_S)}
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, *arguments],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**os.environ, **timing},
+        )
+        for arguments in argument_lists
+    ]
+    for process in processes:
+        output, _ = process.communicate(timeout=RACE_TIMEOUT_S)
+        assert process.returncode == 0, output
+
+
+@pytest.mark.slow
+def test_the_better_of_two_models_registered_at_the_same_instant_is_champion_every_time(store, tmp_path):
+    """Odd trials race for a model nobody registered yet, even ones against a champion both beat."""
+    from spinn.tracking.register import SELECTION_METRIC, register_model
+
+    checkpoints = {}
+    for accuracy in (0.30, 0.40, 0.50):
+        checkpoints[accuracy] = tmp_path / f"model-{accuracy}.pt"
+        checkpoints[accuracy].write_text(f"a model scoring {accuracy}")
+    runs = {accuracy: logged_run() for accuracy in checkpoints}
+    for trial in range(0, TRIALS, 2):
+        register_model(runs[0.30], checkpoints[0.30], 0.30, name=f"race-{trial}", alias=ALIAS)
+    racers = [[runs[accuracy], str(checkpoints[accuracy]), str(accuracy)] for accuracy in (0.40, 0.50)]
+    at_the_same_instants(REGISTER_AT, racers, tmp_path)
+    for trial in range(TRIALS):
+        assert tracking.alias_metric(f"race-{trial}", ALIAS, SELECTION_METRIC) == 0.50, f"trial {trial}"
+
+
+@pytest.mark.slow
+def test_two_processes_opening_a_fresh_store_at_the_same_instant_both_work(tmp_path):
+    at_the_same_instants(OPEN_AT, [[str(tmp_path)], [str(tmp_path)]], tmp_path)
+    for trial in range(TRIALS):
+        import mlflow
+
+        client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/fresh-{trial}.db")
+        runs = client.search_runs([client.get_experiment_by_name("race").experiment_id])
+        assert [run.info.status for run in runs] == ["FINISHED", "FINISHED"], f"trial {trial}"
