@@ -42,8 +42,8 @@ AUTO = "auto"
 REFERENCE_BATCH_SIZE = 32
 """The paper's batch size, at which its learning rates and decay interval were tuned."""
 GPU_BATCH_SIZE = 256
-"""batch_size auto on a GPU: large enough to keep it busy, and shown to keep the paper's accuracy
-(scripts/large_batch_recipe.py)."""
+"""batch_size auto on a GPU: large enough to keep it busy. Its accuracy against the paper's 32 is what
+scripts/large_batch_recipe.py measures (README, "GPU training")."""
 FROM_VARIANT = {"default_from": "the paper's value for the variant"}
 """Marks fields whose default depends on model.variant (the CLI's help says so)."""
 
