@@ -27,12 +27,21 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_ci_installs_what_readme_installs():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Install", 1)[1]
-    install = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL).group(1).strip()
-    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    for step in install.split(" && "):
-        assert step.strip() in ci, step
+    """scripts/install runs README's install line verbatim, and CI installs through it."""
+    install = readme_block("## Install", "pip install")
+    assert install in (ROOT / "scripts" / "install").read_text(encoding="utf-8").splitlines()
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    assert "scripts/install" in ci_lines
+
+
+def test_readme_starts_with_the_two_commands():
+    """The first command block sets up and runs the main job, then sets up and runs the tests."""
+    first = re.search(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text(encoding="utf-8"), re.DOTALL)
+    assert first.group(1).split("\n") == ["scripts/run", "scripts/test"]
+    for name in ("run", "test"):
+        script = ROOT / "scripts" / name
+        assert os.access(script, os.X_OK), f"{script} is not executable"
+        assert "scripts/install" in script.read_text(encoding="utf-8").splitlines(), f"{script} does not set up .venv"
 
 
 def readme_block(heading: str, marker: str) -> str:
