@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 import sys
 import zipfile
@@ -317,11 +318,32 @@ def open_stream(url: str, dest: Path, offset: int) -> requests.Response:
     try:
         return requests.get(url, headers=headers, stream=True, timeout=HTTP_TIMEOUT)
     except requests.RequestException as exc:
+        if name_not_resolved(exc):  # offline, or a misspelt host: waiting will not bring the name back
+            host = urllib3.util.parse_url(url).host
+            raise DownloadError(
+                f"{dest.name}: cannot resolve {host} (no network, or no such host); without internet, "
+                f"give a local copy of the archive or a reachable mirror{kept_note(dest, offset)}"
+            ) from exc
         raise DownloadError(
             f"{dest.name}: cannot reach {url} ({type(exc).__name__}: {exc}); expected the archive"
             f"{kept_note(dest, offset)}",
             retryable=True,
         ) from exc
+
+
+def name_not_resolved(error: BaseException) -> bool:
+    """Whether a failed request failed on its host name (DNS), anywhere in the chain of causes."""
+    pending, seen = [error], set()
+    while pending:
+        item = pending.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, urllib3.exceptions.NameResolutionError | socket.gaierror):
+            return True
+        pending += [getattr(item, "reason", None), item.__cause__, item.__context__]
+        pending += [argument for argument in item.args if isinstance(argument, BaseException)]
+    return False
 
 
 def range_start(response: requests.Response) -> int | None:
