@@ -146,10 +146,14 @@ def evaluate_stage(
 
 @task(name="register", task_run_name="register")
 def register_stage(
-    run_id: str, checkpoint: Path, dev_accuracy: float, name: str, alias: str, tags: dict[str, str]
+    run_id: str, checkpoint: Path, dev_accuracy: float, variant: str, name: str, alias: str, tags: dict[str, str]
 ) -> dict[str, Any]:
-    """Not cached: the registry is the state, and `register_model` already finds a version it made."""
-    from spinn.tracking.register import register_model
+    """Not cached: the registry is the state, and `register_model` already finds a version it made.
+    The description is the one `spinn train` gives, so a version reads the same whichever path made it."""
+    from spinn.tracking.register import register_model, version_description
 
-    registration = register_model(run_id, checkpoint, dev_accuracy, name=name, alias=alias, tags=tags)
+    description = version_description(variant, dev_accuracy)
+    registration = register_model(
+        run_id, checkpoint, dev_accuracy, name=name, alias=alias, description=description, tags=tags
+    )
     return {**asdict(registration), "uri": registration.uri}

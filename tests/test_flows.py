@@ -24,6 +24,7 @@ from flows.settings import CorpusRequest, EvaluateRequest, TrainRequest
 from spinn.data.smoke import write_smoke_corpus
 from spinn.io import file_digest
 from spinn.settings import nest
+from spinn.tracking.register import version_description
 from tests.checkout import copy_checkout
 from tests.test_label import stanza_dir, write_rows
 
@@ -125,6 +126,8 @@ def test_train_spinn_leaves_data_model_metrics_and_a_registered_version(project,
     version = client.get_model_version_by_alias("flow-test", "champion")
     assert version.run_id == result.run_id and str(version.version) == result.registered["version"]
     assert float(version.tags["test_accuracy"]) == pytest.approx(metrics["accuracy"])
+    assert version.description == version_description("spinn", result.best_dev_accuracy)  # as `spinn train` does
+    assert run.data.tags.get("prefect.flow_run_url", "http").startswith("http")  # a real address, or none
     assert stage_states(first_run.state_details.flow_run_id).keys() >= STAGE_TASKS
 
 

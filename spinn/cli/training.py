@@ -100,7 +100,9 @@ def train(
     )
     click.echo(f"checkpoint {result.best_checkpoint}; MLflow run {result.run_id}")
     if result.model_version is not None:
-        promoted = f", now @{config.alias}" if result.promoted else f"; @{config.alias} stays (it scores higher on dev)"
+        promoted = (
+            f", now @{config.alias}" if result.promoted else f"; @{config.alias} stays (as good or better on dev)"
+        )
         click.echo(f"registered as models:/{config.registered_model}/{result.model_version}{promoted}")
     if metrics_dir is not None:
         click.echo(f"metrics and curves written to {', '.join(map(str, write_metrics_files(result, metrics_dir)))}")

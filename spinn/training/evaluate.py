@@ -183,7 +183,8 @@ def evaluate(
     if predictions is not None:
         write_predictions(found, Path(predictions))
     if settings.track:
-        _log_to_training_run(loaded.contents, split_name(Path(data)), metrics)
+        files = [Path(output), *([Path(plot)] if plot is not None else [])]
+        _log_to_training_run(loaded.contents, loaded.checkpoint, split_name(Path(data)), metrics, files)
     return metrics
 
 
@@ -203,15 +204,22 @@ def split_name(data: Path) -> str:
     return Path(data).name.removesuffix(".parquet")
 
 
-def _log_to_training_run(contents: dict, split: str, metrics: Metrics) -> None:
+def _log_to_training_run(contents: dict, checkpoint: Path, split: str, metrics: Metrics, files: list[Path]) -> None:
+    """The scores as the training run's metrics, the report and plot as its artifacts (under `<split>/`), and
+    the scores as tags of the versions registered from this checkpoint."""
     from spinn.tracking import store as tracking
+    from spinn.tracking.register import score_tags, tag_versions_of_checkpoint
 
     run_id = (contents.get("state") or {}).get("run_id")
+    if run_id is None or not tracking.log_run_artifacts(run_id, files, split):
+        return
     values = {f"{split}_accuracy": metrics.accuracy, f"{split}_macro_f1": metrics.macro_f1}
     if metrics.transition_accuracy is not None:
         values[f"{split}_transition_accuracy"] = metrics.transition_accuracy
-    if run_id is not None:
-        tracking.log_run_metrics(run_id, values, step=contents.get("step", 0))
+    tracking.log_run_metrics(run_id, values, step=contents.get("step", 0))
+    tag_versions_of_checkpoint(
+        run_id, checkpoint, score_tags(split, {"accuracy": metrics.accuracy, "macro_f1": metrics.macro_f1})
+    )
 
 
 def _predicted_run(transitions: str, config: SPINNConfig) -> bool:
