@@ -28,6 +28,8 @@ DOWNLOAD_RETRIES = 3
 DOWNLOAD_RETRY_DELAYS_S = [10, 60, 300]
 """Academic servers drop connections and rate-limit; a retry resumes the `.part` file."""
 RESULTS = {"persist_result": True, "result_serializer": "json"}
+PROGRESS_REPORT_S = 30.0
+"""How often training logs a progress line to the run's logs (a bar cannot show there)."""
 
 
 def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
@@ -90,7 +92,7 @@ def embeddings_stage(vocab: Path, settings: EmbeddingSettings, cache_dir: Path) 
     return StageOutput.of(summary, report.cache_path)
 
 
-@task(name="train", task_run_name="train", cache_key_fn=cache_on("train", "dev", "vocab"), **RESULTS)
+@task(name="train", task_run_name="train", cache_key_fn=cache_on("train", "dev", "vocab"), log_prints=True, **RESULTS)
 def train_stage(
     train: Path,
     dev: Path,
@@ -119,6 +121,7 @@ def train_stage(
         run_name=run_name,
         register=False,
         progress=False,
+        report_every_s=PROGRESS_REPORT_S,
     )
     metrics_files = write_metrics_files(result, metrics_dir)
     summary = {

@@ -469,3 +469,15 @@ def test_two_runs_started_together_on_a_fresh_store_both_work(prepared, workdir)
         assert run.wait(timeout=600) == 0, run.stdout.read()
     again = spinn_train(*data, *tiny, "--set", "max_steps=1", "--output-dir", "c", cwd=workdir)
     assert again.wait(timeout=600) == 0, again.stdout.read()
+
+
+def test_without_a_bar_training_prints_progress_lines(prepared, workdir, capsys):
+    """Under Prefect no bar shows: every `report_every_s` the run prints a line its logs keep."""
+    short_run(prepared, workdir / "m", max_steps=3, report_every_s=0.0)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("train step ")]
+    assert [line.split(":")[0] for line in lines] == [
+        "train step 1/3 (33%)",
+        "train step 2/3 (67%)",
+        "train step 3/3 (100%)",
+    ]
+    assert "pairs/s; best dev accuracy" in lines[-1]

@@ -136,7 +136,9 @@ def evaluate(
     from spinn.training.evaluate import evaluate as evaluate_stage
 
     settings = resolve(EvaluateSettings, config_path, given(EvaluateSettings, options))
-    metrics = evaluate_stage(model_reference, data, output, settings, plot=plot, predictions=predictions, vocab=vocab)
+    metrics = evaluate_stage(
+        model_reference, data, output, settings, plot=plot, predictions=predictions, vocab=vocab, progress=True
+    )
     line = f"accuracy {metrics.accuracy:.4f} on {metrics.examples} pairs (macro F1 {metrics.macro_f1:.4f})"
     if metrics.transition_accuracy is not None:
         line += f", transition accuracy {metrics.transition_accuracy:.4f}"

@@ -21,6 +21,7 @@ from typing import ClassVar, Literal
 import numpy
 import torch
 from pydantic import Field
+from tqdm import tqdm
 
 from spinn.data.pairs import Example, encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
@@ -61,6 +62,7 @@ def predict_examples(
     batch_size: int = EVAL_BATCH_SIZE,
     predict_transitions: bool = False,
     infer: InferStep | None = None,
+    progress: bool = False,
 ) -> Predictions:
     """Run `model` over labelled examples (length-sorted batches, no dropout) and keep every prediction.
 
@@ -69,8 +71,11 @@ def predict_examples(
     was_training = model.training
     infer = infer or InferStep(model, predict_transitions=predict_transitions)
     gold, predicted, counts, runs = [], [], [], []
-    with torch.no_grad():
-        for indices in bucket_batches(examples, batch_size, shuffle=False):
+    batches = bucket_batches(examples, batch_size, shuffle=False)
+    bar = tqdm(total=len(examples), disable=not progress, unit="pair", desc="evaluate", dynamic_ncols=True)
+    with torch.no_grad(), bar:
+        for indices in batches:
+            bar.update(len(indices))
             host = make_batch([examples[i] for i in indices], width_step=WIDTH_STEP)
             batch = host.to(device, non_blocking=True)
             output = infer(batch)
@@ -151,6 +156,7 @@ def evaluate(
     plot: Path | None = None,
     predictions: Path | None = None,
     vocab: Path | None = None,
+    progress: bool = False,
 ) -> Metrics:
     """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV)."""
     settings = settings or EvaluateSettings()
@@ -165,6 +171,7 @@ def evaluate(
         next(loaded.model.parameters()).device,
         batch_size=settings.batch_size,
         predict_transitions=predict,
+        progress=progress,
     )
     tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
     metrics = replace(found.metrics(), oov_share=unknown / tokens if tokens else None)

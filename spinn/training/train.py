@@ -145,6 +145,8 @@ class _Run:
     train_path: Path
     dev_path: Path
     rng_ranks: list[dict] = field(default_factory=list)  # every rank's RNG states at the last checkpoint
+    report_every_s: float | None = None
+    next_report: float = 0.0
 
 
 def train(
@@ -160,11 +162,13 @@ def train(
     run_name: str | None = None,
     register: bool = True,
     progress: bool = True,
+    report_every_s: float | None = None,
 ) -> TrainResult | None:
     """Train until max_steps, max_epochs or early stopping; see the module docstring.
 
     `resume`: continue the run whose last.pt is in `output_dir`; `overwrite`:
-    replace the run there; with neither, a folder holding a run is refused.
+    replace the run there; with neither, a folder holding a run is refused. `report_every_s`: also print
+    a progress line at the first log interval after each such span (where no bar is seen: Prefect's logs).
     With `processes` > 1 outside torchrun, starts torchrun on this node and returns what its rank 0
     trained. Under torchrun, rank 0 returns the result and the other ranks None."""
     from spinn.tracking import store as tracking
@@ -189,6 +193,7 @@ def train(
         with lock_folder(output_dir) as lock:
             _check_folder(output_dir, resume or overwrite, tracking)
             run = _build(*paths, progress=progress)
+            run.report_every_s = report_every_s
             state = _starting_state(run, resume, overwrite, progress)
             _close_abandoned_run(lock, state.run_id, tracking)
             with tracking.run(config.experiment, run_name, state.run_id) as run_id:
@@ -572,6 +577,20 @@ def _log_window(run: _Run, state: TrainState, window: _Window, tracking, bar) ->
     state.train_seconds += seconds
     state.train_pairs += int(sums["pairs"])
     window.restart()
+    if run.report_every_s is not None and time.monotonic() >= run.next_report:
+        run.next_report = time.monotonic() + run.report_every_s
+        print(_progress_line(run, state, metrics), flush=True)
+
+
+def _progress_line(run: _Run, state: TrainState, metrics: dict[str, float]) -> str:
+    planned = _planned_steps(run)
+    line = (
+        f"train step {state.step}/{planned} ({state.step / planned:.0%}): loss {metrics['train_loss']:.3f}, "
+        f"accuracy {metrics['train_accuracy']:.3f}, {metrics['pairs_per_second']:,.0f} pairs/s"
+    )
+    if state.best_step:
+        line += f"; best dev accuracy {state.best_dev_accuracy:.4f} at step {state.best_step}"
+    return line
 
 
 def _evaluate_dev(run: _Run, state: TrainState, tracking) -> int:
