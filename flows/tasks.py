@@ -38,6 +38,17 @@ def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
     return bool(getattr(error, "retryable", False))
 
 
+def say_how_to_fix(_task: Task, _run: TaskRun, state: State) -> None:
+    """Log what would mend a failed download in the flow's words (`corpus.download.checksum`), not the CLI's."""
+    from prefect.logging import get_run_logger
+
+    from spinn.errors import advice
+
+    fix = advice(state.result(raise_on_failure=False), lambda setting: f"corpus.download.{setting}")
+    if fix:
+        get_run_logger().error(f"to fix it: {fix}")
+
+
 @task(
     name="download",
     task_run_name="download",
@@ -45,6 +56,7 @@ def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
     retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S,
     retry_condition_fn=retryable,
     cache_key_fn=cache_on("settings.file"),
+    on_failure=[say_how_to_fix],
     **RESULTS,
 )
 def download_stage(raw_dir: Path, settings: DownloadSettings) -> StageOutput:

@@ -426,3 +426,24 @@ def test_readme_deployments_run_offline_by_name_on_their_defaults(project, first
         assert [schedule.active for schedule in schedules] == [True]
     finally:  # no label run may come due while later tests start workers on this server
         shell(resume.replace("resume", "pause"), checkout, env)
+
+
+def test_spinn_pipeline_reports_a_checksum_mismatch_in_one_line_naming_its_option(tmp_path, prefect_api):
+    """One `error:` line that names --checksum (the CLI's word, not the flow's corpus.download.checksum), no
+    traceback; --debug shows Prefect's failure logs and the traceback."""
+    archive = write_smoke_corpus(tmp_path / "snli_1.0.zip")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SPINN_")}
+    env.update(PREFECT_API_URL=prefect_api, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    command = [str(VENV_BIN / "spinn-pipeline"), "--file", str(archive), "--checksum", "sha256:" + "0" * 64]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    errors = [line for line in done.stderr.splitlines() if "mismatch" in line or "Traceback" in line]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    assert errors[0].startswith("error: snli_1.0.zip: sha256 mismatch")
+    assert errors[0].endswith(f"give --checksum sha256:{file_digest(archive)}") and "corpus.download" not in errors[0]
+    debug = subprocess.run(
+        [*command, "--debug"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+    )
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+    assert "to fix it: if that is the archive you mean (not the official one), give corpus.download.checksum" in (
+        debug.stderr + debug.stdout
+    )

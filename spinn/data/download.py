@@ -66,10 +66,10 @@ class DownloadError(SpinnError):
     server); orchestrators retry only those, never a wrong checksum or a 404.
     """
 
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    def __init__(self, message: str, *, retryable: bool = False, fix: tuple[str, str] | None = None) -> None:
         """Collapse any whitespace run so messages quoting server text stay one line."""
         super().__init__(" ".join(message.split()))
-        self.retryable = retryable
+        self.retryable, self.fix = retryable, fix
 
 
 @dataclass(frozen=True)
@@ -322,7 +322,8 @@ def open_stream(url: str, dest: Path, offset: int) -> requests.Response:
             host = urllib3.util.parse_url(url).host
             raise DownloadError(
                 f"{dest.name}: cannot resolve {host} (no network, or no such host); without internet, "
-                f"give a local copy of the archive or a reachable mirror{kept_note(dest, offset)}"
+                f"give a local copy of the archive or a reachable mirror{kept_note(dest, offset)}",
+                fix=("file", "a local copy of the archive goes in {}"),
             ) from exc
         raise DownloadError(
             f"{dest.name}: cannot reach {url} ({type(exc).__name__}: {exc}); expected the archive"
@@ -451,7 +452,11 @@ def promote(part: Path, dest: Path, checksum: Checksum, *, source: str, what: st
         part.unlink(missing_ok=True)
         raise DownloadError(
             f"{dest.name}: {checksum.algorithm} mismatch: expected {checksum.hexdigest}, got {actual} "
-            f"(from {source}); {what} removed"
+            f"(from {source}); {what} removed",
+            fix=(
+                "checksum",
+                f"if that is the archive you mean (not the official one), give {{}} {checksum.algorithm}:{actual}",
+            ),
         )
     os.replace(part, dest)
 
