@@ -103,7 +103,7 @@ def describe_registration(registration: dict[str, Any]) -> str:
         if registration["promoted"]
         else f"@{alias}"
         if registration["champion"]
-        else f"@{alias} stays on a better version"
+        else f"@{alias} stays on a version as good or better on dev"
     )
     return f"{registration['uri']} ({state})"
 

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 from prefect import flow, task
 from prefect.artifacts import create_table_artifact
+from prefect.states import Failed, State
 from prefect_dask import DaskTaskRunner
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -41,6 +42,15 @@ FILE_COLUMNS = ("status", "rows", "labelled", "rejected", "oov_share", "parser",
 
 
 LabelOverrides = LabelSettings.overrides()
+
+
+class FilesFailed(SpinnError):
+    """A label-pairs run in which some files failed: it ends Failed, so alerts fire; `entries` holds this
+    run's entries of the index (the failed files and the labelled ones), as a Completed run returns them."""
+
+    def __init__(self, entries: dict[str, dict[str, Any]], failed: list[str]):
+        self.entries, self.failed = entries, failed
+        super().__init__(f"{len(failed)} of {len(entries)} files failed (retried on the next run): {', '.join(failed)}")
 
 
 class LabelRequest(BaseModel):
@@ -170,8 +180,9 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
 
 
 @flow(name="label-pairs", log_prints=True)
-def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]]:
-    """Label the inbox's new and previously failed files; returns this run's entries of the index."""
+def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]] | State:
+    """Label the inbox's new and previously failed files; returns this run's entries of the index, or,
+    when any file failed, ends Failed with a FilesFailed that holds them (the artifact lists every file)."""
     request = request or LabelRequest()
     request.outbox.mkdir(parents=True, exist_ok=True)
     index = read_index(request.outbox)
@@ -188,7 +199,8 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
     )
     failed = [name for name, entry in entries.items() if entry["status"] == FAILED]
     if failed:
-        print(f"failed (retried on the next run): {', '.join(failed)}")
+        error = FilesFailed(entries, failed)
+        return Failed(message=str(error), data=error)
     return entries
 
 

@@ -10,6 +10,7 @@ registered model, so a demo never touches the real champion.
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from pathlib import Path
@@ -66,8 +67,10 @@ SMOKE_OVERRIDES: dict[str, object] = {
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a train setting (repeatable).")
 @click.option("--resume", is_flag=True, help="Continue a killed training run from data/models/last.pt.")
 @click.option("--overwrite", is_flag=True, help="Replace the training run in data/models/ with a new one.")
+@click.option("--debug", is_flag=True, help="Show Prefect's failure logs and the traceback of an error.")
 def main(
     smoke: bool,
+    debug: bool,
     data_dir: Path | None,
     config_path: Path,
     overrides: tuple[str, ...],
@@ -95,18 +98,23 @@ def main(
         training = TrainRequest(params=params, settings=training_settings, resume=resume, overwrite=overwrite)
     except ValidationError as error:
         raise click.UsageError(_first_error(error)) from None
-    _run(corpus, training)
+    _run(corpus, training, debug)
 
 
-def _run(corpus, training) -> None:
+def _run(corpus, training, debug: bool) -> None:
     from flows.artifacts import describe_registration
     from flows.train_spinn import train_spinn
-    from spinn.errors import SpinnError
+    from spinn.errors import SpinnError, advice, one_line, option_name
 
+    if not debug:
+        _quiet_failures()
     try:
         result = train_spinn(corpus, training)
     except SpinnError as error:
-        click.echo(f"error: {error}", err=True)
+        if debug:
+            raise
+        fix = advice(error, option_name)
+        click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
         sys.exit(1)
     click.echo(f"MLflow run {result.run_id} (experiment {result.experiment_id}) in {result.tracking_uri}")
     click.echo(f"  see it: mlflow ui --backend-store-uri {result.tracking_uri} --host 127.0.0.1 --port 5000")
@@ -117,6 +125,26 @@ def _run(corpus, training) -> None:
     click.echo(f"model checkpoint {result.checkpoint}")
     if result.registered:
         click.echo(f"registered as {describe_registration(result.registered)}")
+
+
+class _NoFailureRecords(logging.Filter):
+    """Keep Prefect's progress on the console, drop its records of a failure (a page of tracebacks, the
+    failed states, the failure hooks): the one `error: ...` line says what failed. `--debug` keeps them."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith("prefect"):
+            return True
+        message = record.getMessage()
+        return record.levelno < logging.ERROR and "Failed(" not in message and "hook" not in message.lower()
+
+
+def _quiet_failures() -> None:
+    """Filter the console handler Prefect puts on the root logger (the flow runs' logs reach it there)."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PrefectConsoleHandler):
+            handler.addFilter(_NoFailureRecords())
 
 
 def _smoke_archive(data_dir: Path) -> tuple[Path, str]:

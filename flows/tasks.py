@@ -28,12 +28,25 @@ DOWNLOAD_RETRIES = 3
 DOWNLOAD_RETRY_DELAYS_S = [10, 60, 300]
 """Academic servers drop connections and rate-limit; a retry resumes the `.part` file."""
 RESULTS = {"persist_result": True, "result_serializer": "json"}
+PROGRESS_REPORT_S = 30.0
+"""How often training logs a progress line to the run's logs (a bar cannot show there)."""
 
 
 def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
     """Retry only failures marked retryable (network, 5xx), never a wrong checksum or a 404."""
     error = state.result(raise_on_failure=False)
     return bool(getattr(error, "retryable", False))
+
+
+def say_how_to_fix(_task: Task, _run: TaskRun, state: State) -> None:
+    """Log what would mend a failed download in the flow's words (`corpus.download.checksum`), not the CLI's."""
+    from prefect.logging import get_run_logger
+
+    from spinn.errors import advice
+
+    fix = advice(state.result(raise_on_failure=False), lambda setting: f"corpus.download.{setting}")
+    if fix:
+        get_run_logger().error(f"to fix it: {fix}")
 
 
 @task(
@@ -43,6 +56,7 @@ def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
     retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S,
     retry_condition_fn=retryable,
     cache_key_fn=cache_on("settings.file"),
+    on_failure=[say_how_to_fix],
     **RESULTS,
 )
 def download_stage(raw_dir: Path, settings: DownloadSettings) -> StageOutput:
@@ -90,7 +104,7 @@ def embeddings_stage(vocab: Path, settings: EmbeddingSettings, cache_dir: Path) 
     return StageOutput.of(summary, report.cache_path)
 
 
-@task(name="train", task_run_name="train", cache_key_fn=cache_on("train", "dev", "vocab"), **RESULTS)
+@task(name="train", task_run_name="train", cache_key_fn=cache_on("train", "dev", "vocab"), log_prints=True, **RESULTS)
 def train_stage(
     train: Path,
     dev: Path,
@@ -119,6 +133,7 @@ def train_stage(
         run_name=run_name,
         register=False,
         progress=False,
+        report_every_s=PROGRESS_REPORT_S,
     )
     metrics_files = write_metrics_files(result, metrics_dir)
     summary = {
@@ -146,10 +161,14 @@ def evaluate_stage(
 
 @task(name="register", task_run_name="register")
 def register_stage(
-    run_id: str, checkpoint: Path, dev_accuracy: float, name: str, alias: str, tags: dict[str, str]
+    run_id: str, checkpoint: Path, dev_accuracy: float, variant: str, name: str, alias: str, tags: dict[str, str]
 ) -> dict[str, Any]:
-    """Not cached: the registry is the state, and `register_model` already finds a version it made."""
-    from spinn.tracking.register import register_model
+    """Not cached: the registry is the state, and `register_model` already finds a version it made.
+    The description is the one `spinn train` gives, so a version reads the same whichever path made it."""
+    from spinn.tracking.register import register_model, version_description
 
-    registration = register_model(run_id, checkpoint, dev_accuracy, name=name, alias=alias, tags=tags)
+    description = version_description(variant, dev_accuracy)
+    registration = register_model(
+        run_id, checkpoint, dev_accuracy, name=name, alias=alias, description=description, tags=tags
+    )
     return {**asdict(registration), "uri": registration.uri}

@@ -80,6 +80,7 @@ def train_spinn(
             trained["run_id"],
             trained["checkpoint"],
             trained["best_dev_accuracy"],
+            config.model.variant,
             config.registered_model,
             config.alias,
             _test_tags(evaluated),
@@ -102,14 +103,21 @@ def train_spinn(
 
 
 def _test_tags(evaluated: dict[str, Any]) -> dict[str, str]:
-    return {f"{TEST_SPLIT}_{key}": repr(float(evaluated[key])) for key in ("accuracy", "macro_f1")}
+    """The test scores as version tags, as `spinn evaluate` tags a version `spinn train` registered."""
+    from spinn.tracking.register import score_tags
+
+    return score_tags(TEST_SPLIT, {key: evaluated[key] for key in ("accuracy", "macro_f1")})
 
 
 def _prefect_tags() -> dict[str, str]:
-    """Tags on the MLflow run that lead back to this Prefect run."""
-    return {
+    """Tags on the MLflow run that lead back to this Prefect run; the UI address only when there is a UI
+    to reach (a temporary server has none, and Prefect then builds `None/flow-runs/...`)."""
+    tags = {
         "prefect.flow_run_id": str(flow_run.id),
         "prefect.flow_run_name": str(flow_run.name),
         "prefect.flow_name": "train-spinn",
-        "prefect.flow_run_url": str(flow_run.ui_url or ""),
     }
+    url = flow_run.ui_url
+    if url and url.startswith(("http://", "https://")):
+        tags["prefect.flow_run_url"] = url
+    return tags

@@ -7,9 +7,17 @@ line and exits non-zero; anything else is a bug and keeps its traceback. A
 cannot read): the CLI prints it as one `warning: ...` line and goes on.
 """
 
+from collections.abc import Callable
+
 
 class SpinnError(Exception):
-    """A user-facing failure whose message names the file and what was expected."""
+    """A user-facing failure whose message names the file and what was expected.
+
+    `fix`, when set, is (setting, advice): the setting that would mend it and what to do, with `{}` where
+    each front end names that setting in its own words (`--checksum` on the command line,
+    `corpus.download.checksum` in a flow), so neither speaks the other's language."""
+
+    fix: tuple[str, str] | None = None
 
 
 class SpinnWarning(UserWarning):
@@ -19,3 +27,14 @@ class SpinnWarning(UserWarning):
 def one_line(error: BaseException) -> str:
     """The error's message with its notes (what a failed run left behind, say) joined on: one line."""
     return "; ".join([str(error), *getattr(error, "__notes__", [])])
+
+
+def advice(error: BaseException, name: Callable[[str], str]) -> str | None:
+    """The error's fix in a front end's words (`name` turns a setting into an option or a parameter)."""
+    fix = getattr(error, "fix", None)
+    return None if fix is None else fix[1].format(name(fix[0]))
+
+
+def option_name(setting: str) -> str:
+    """`checksum` -> `--checksum`: a setting as the command line spells it."""
+    return "--" + setting.replace("_", "-")

@@ -68,6 +68,16 @@ def test_download_from_a_local_file_with_checksum_override(tmp_path):
     result = spinn("download", "snli", "--raw-dir", str(raw / "again"), "--file", str(archive))
     assert result.returncode == 1
     assert "sha256 mismatch: expected afb3d70a" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.strip().endswith(f"not the official one), give --checksum sha256:{digest}")
+
+
+@pytest.mark.parametrize("command", ["label", "parse"])
+def test_a_missing_input_is_reported_before_any_model_or_parser_is_fetched(command, tmp_path):
+    """No --stanza-dir and a model URI no store holds: the misspelt INPUT is still what the user hears about."""
+    options = ["--model", "models:/spinn@champion", "--output", "o.parquet"] if command == "label" else []
+    result = spinn(command, "nope.csv", *options, cwd=tmp_path)
+    assert result.returncode == 2
+    assert "'nope.csv' does not exist" in result.stderr and "stanza" not in result.stderr.lower()
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from spinn.data.download import CORPORA, Checksum, DownloadResult, download_corpus, extract_zip
+from spinn.data.download import CORPORA, Checksum, DownloadError, DownloadResult, download_corpus, extract_zip
 from spinn.errors import SpinnError
 from tests.httpserver import LocalServer
 
@@ -239,6 +239,27 @@ def test_unreachable_server_is_one_line_error(raw: Path) -> None:
     message = assert_one_line(error)
     assert url in message and SNLI in message
     assert not (raw / SNLI).exists()
+
+
+def test_an_unknown_host_is_not_retryable(raw: Path) -> None:
+    """A name that does not resolve (offline, or misspelt) will not heal by waiting: no retries are spent on it.
+    `.invalid` never resolves (RFC 2606)."""
+    with pytest.raises(DownloadError) as error:
+        download_corpus(
+            "snli", raw, url="http://spinn-test.invalid" + SNLI_PATH, checksum=spec(ARCHIVE), progress=False
+        )
+    message = assert_one_line(error)
+    assert "cannot resolve spinn-test.invalid" in message and "local copy" in message
+    assert error.value.retryable is False
+    assert not (raw / SNLI).exists()
+
+
+def test_a_refused_connection_is_retryable(raw: Path) -> None:
+    with LocalServer() as gone:
+        url = gone.url(SNLI_PATH)
+    with pytest.raises(DownloadError) as error:
+        download_corpus("snli", raw, url=url, checksum=spec(ARCHIVE), progress=False)
+    assert error.value.retryable is True
 
 
 def test_local_file_is_copied_and_verified(tmp_path: Path, raw: Path) -> None:

@@ -1,6 +1,6 @@
 """dvc.yaml declares every spinn file a stage runs: a code change can never leave `dvc repro` with a stale output.
 
-Each stage's command is `spinn <command> ...`. What runs is the `spinn` CLI
+Each stage's command is `.venv/bin/spinn <command> ...`. What runs is the `spinn` CLI
 package, the module holding that command, and, transitively, every spinn
 module those import (at module level or lazily inside a function: either may
 run). Every file of that closure must sit under one of the stage's deps.
@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+SPINN = ".venv/bin/spinn"
 STAGES = yaml.safe_load((ROOT / "dvc.yaml").read_text(encoding="utf-8"))["stages"]
 
 
@@ -76,7 +77,7 @@ def stage_closure(cmd: str) -> set[Path]:
     from spinn.cli import COMMANDS
 
     words = cmd.split()
-    assert words[0] == "spinn", f"stage command {cmd!r} does not run `spinn`"
+    assert words[0] == SPINN, f"stage command {cmd!r} does not run {SPINN} (README's install; no PATH needed)"
     module, _ = COMMANDS[words[1]]
     return closure({"spinn.cli", module})
 
@@ -98,7 +99,7 @@ def test_every_file_a_stage_runs_is_a_declared_dep(name):
 
 def test_the_closure_follows_lazy_imports_through_modules():
     """train's command imports the train stage lazily; the stage imports the policy only through the model."""
-    files = {str(path.relative_to(ROOT)) for path in stage_closure("spinn train --config params.yaml")}
+    files = {str(path.relative_to(ROOT)) for path in stage_closure(f"{SPINN} train --config params.yaml")}
     expected = {"spinn/cli/training.py", "spinn/training/train.py", "spinn/model/policy.py", "spinn/tracking/store.py"}
     assert expected <= files
     assert "spinn/labeling/label.py" not in files

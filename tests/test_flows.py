@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -23,7 +24,9 @@ from flows.settings import CorpusRequest, EvaluateRequest, TrainRequest
 from spinn.data.smoke import write_smoke_corpus
 from spinn.io import file_digest
 from spinn.settings import nest
+from spinn.tracking.register import version_description
 from tests.checkout import copy_checkout
+from tests.test_label import stanza_dir, write_rows
 
 pytestmark = pytest.mark.slow
 
@@ -123,6 +126,8 @@ def test_train_spinn_leaves_data_model_metrics_and_a_registered_version(project,
     version = client.get_model_version_by_alias("flow-test", "champion")
     assert version.run_id == result.run_id and str(version.version) == result.registered["version"]
     assert float(version.tags["test_accuracy"]) == pytest.approx(metrics["accuracy"])
+    assert version.description == version_description("spinn", result.best_dev_accuracy)  # as `spinn train` does
+    assert run.data.tags.get("prefect.flow_run_url", "http").startswith("http")  # a real address, or none
     assert stage_states(first_run.state_details.flow_run_id).keys() >= STAGE_TASKS
 
 
@@ -301,15 +306,16 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_
     cli(["prefect", "work-pool", "create", "spinn", "--type", "process"], checkout, env)
     cli(["prefect", "--no-prompt", "deploy", "--all"], checkout, env)
     with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("evaluate-spinn/default")
+        deployment = client.read_deployment_by_name("evaluate-spinn/champion")
         labelling = client.read_deployment_by_name("label-pairs/inbox")
     assert deployment.pull_steps == [
         {"prefect.deployments.steps.set_working_directory": {"directory": str(checkout.resolve())}}
     ]
     assert [schedule.schedule.cron for schedule in labelling.schedules] == ["*/15 * * * *"]
+    assert [schedule.active for schedule in labelling.schedules] == [False]  # README says how to turn it on
 
     training_run = run_deployment(
-        "train-spinn/default",
+        "train-spinn/snli",
         parameters={
             "corpus": project["corpus"].model_dump(mode="json", exclude_none=True),
             "training": {"params": None, "settings": nest(SMALL_TRAINING.items()), "register_model": False},
@@ -329,9 +335,115 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_
         "output": str(output),
         "data": str(project["root"] / "data" / "prepared" / "test.parquet"),
     }
-    flow_run = run_deployment("evaluate-spinn/default", parameters={"evaluation": evaluation}, timeout=0)
+    flow_run = run_deployment("evaluate-spinn/champion", parameters={"evaluation": evaluation}, timeout=0)
     cli(["prefect", "worker", "start", "--pool", "spinn", "--run-once"], checkout, env, timeout=WORKER_TIMEOUT_S)
     with get_client(sync_client=True) as client:
         finished = client.read_flow_run(flow_run.id)
     assert finished.state.is_completed(), finished.state.message
     assert json.loads(output.read_text())["accuracy"] == pytest.approx(first_run.result().test_metrics["accuracy"])
+
+
+def readme_lines(heading: str, marker: str) -> list[str]:
+    """The lines of README's first ```bash block under `heading` that contains `marker`."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split(heading, 1)[1]
+    block = next(block for block in re.findall(r"```bash\n(.+?)\n```", section, re.DOTALL) if marker in block)
+    return block.splitlines()
+
+
+def shell(line: str, cwd: Path, env: dict[str, str], timeout: float = CLI_TIMEOUT_S) -> str:
+    done = subprocess.run(line, shell=True, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert done.returncode == 0, f"{line} failed:\n{done.stdout}\n{done.stderr}"
+    return done.stdout + done.stderr
+
+
+def run_by_name(line: str, checkout: Path, env: dict[str, str]):
+    """README's `prefect deployment run NAME` line as written, then one worker pass; the finished flow run."""
+    from prefect.client.orchestration import get_client
+
+    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", shell(line, checkout, env)).group(1)
+    shell(".venv/bin/prefect worker start --pool spinn --run-once", checkout, env, timeout=WORKER_TIMEOUT_S)
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(UUID(flow_run_id))
+
+
+def test_readme_deployments_run_offline_by_name_on_their_defaults(project, first_run, tmp_path, prefect_api):
+    """README's Prefect section line by line, offline: the worker's environment names the corpus copy and the
+    Stanza folder, params.yaml (shrunk here) everything else; train-spinn/snli ends Completed and registers
+    models:/spinn@champion, and label-pairs/inbox labels the good file with it and ends Failed on the bad one."""
+    import mlflow
+    import pyarrow.parquet as pq
+    import yaml
+    from prefect.client.orchestration import get_client
+
+    checkout = copy_checkout(tmp_path / "checkout")
+    (checkout / ".venv").symlink_to(VENV_BIN.parent)
+    params = yaml.safe_load((checkout / "params.yaml").read_text(encoding="utf-8"))
+    params["train"] = {**nest(SMALL_TRAINING.items()), "experiment": "spinn", "registered_model": "spinn"}
+    (checkout / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False), encoding="utf-8")
+    archive = project["archive"]
+    exported = {
+        "SPINN_DOWNLOAD_FILE": str(archive),
+        "SPINN_DOWNLOAD_CHECKSUM": f"sha256:{file_digest(archive)}",
+        "SPINN_STANZA_DIR": str(stanza_dir()),
+    }
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SPINN_")}
+    env.update(PREFECT_API_URL=prefect_api, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", **exported)
+    worker_lines = readme_lines("## Run it as Prefect deployments", "worker start")
+    assert worker_lines[0] == "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+    assert set(re.findall(r"(SPINN_\w+)=", worker_lines[1])) <= set(exported)
+    with get_client(sync_client=True) as client:
+        pools = {pool.name for pool in client.read_work_pools()}
+    if "spinn" not in pools:  # another test of this session's server may have made it
+        shell(worker_lines[2], checkout, env)
+    lines = readme_lines("## Run it as Prefect deployments", "deploy --all")
+    assert lines[0] == worker_lines[0]
+    shell(lines[1], checkout, env)
+
+    trained = run_by_name(lines[2], checkout, env)
+    assert trained.state.is_completed(), trained.state.message
+    mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
+    champion = mlflow.MlflowClient().get_model_version_by_alias("spinn", "champion")
+    assert (checkout / "data" / "prepared" / "train.parquet").is_file()
+
+    inbox = checkout / "data" / "inbox"
+    inbox.mkdir(parents=True)
+    rows = pq.read_table(project["root"] / "data" / "prepared" / "test.parquet").to_pylist()[:12]
+    write_rows(inbox / "good.csv", [{"premise": row["premise"], "hypothesis": row["hypothesis"]} for row in rows])
+    (inbox / "bad.jsonl").write_text(json.dumps({"text": rows[0]["premise"]}) + "\n", encoding="utf-8")
+    labelled = run_by_name(next(line for line in lines if "'label-pairs/inbox'" in line), checkout, env)
+    assert labelled.state.is_failed() and "bad.jsonl" in labelled.state.message, labelled.state.message
+    predictions = pq.read_table(checkout / "data" / "labelled" / "good.labels.parquet").to_pylist()
+    assert len(predictions) == len(rows) and {row["model"] for row in predictions} == {
+        f"models:/spinn/{champion.version}"
+    }
+
+    resume = next(line for line in lines if "schedule resume" in line)
+    shell(resume, checkout, env)
+    try:
+        with get_client(sync_client=True) as client:
+            schedules = client.read_deployment_by_name("label-pairs/inbox").schedules
+        assert [schedule.active for schedule in schedules] == [True]
+    finally:  # no label run may come due while later tests start workers on this server
+        shell(resume.replace("resume", "pause"), checkout, env)
+
+
+def test_spinn_pipeline_reports_a_checksum_mismatch_in_one_line_naming_its_option(tmp_path, prefect_api):
+    """One `error:` line that names --checksum (the CLI's word, not the flow's corpus.download.checksum), no
+    traceback; --debug shows Prefect's failure logs and the traceback."""
+    archive = write_smoke_corpus(tmp_path / "snli_1.0.zip")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("SPINN_")}
+    env.update(PREFECT_API_URL=prefect_api, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}")
+    command = [str(VENV_BIN / "spinn-pipeline"), "--file", str(archive), "--checksum", "sha256:" + "0" * 64]
+    done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S)
+    errors = [line for line in done.stderr.splitlines() if "mismatch" in line or "Traceback" in line]
+    assert done.returncode == 1 and len(errors) == 1, done.stderr
+    assert errors[0].startswith("error: snli_1.0.zip: sha256 mismatch")
+    assert errors[0].endswith(f"give --checksum sha256:{file_digest(archive)}") and "corpus.download" not in errors[0]
+    debug = subprocess.run(
+        [*command, "--debug"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=CLI_TIMEOUT_S
+    )
+    assert debug.returncode != 0 and "Traceback" in debug.stderr
+    assert "to fix it: if that is the archive you mean (not the official one), give corpus.download.checksum" in (
+        debug.stderr + debug.stdout
+    )

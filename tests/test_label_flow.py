@@ -117,7 +117,8 @@ def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, requ
     request = request_for(dask_workers=1)
 
     state = label_pairs(request, return_state=True)
-    entries = state.result()
+    assert state.is_failed() and state.message == "1 of 2 files failed (retried on the next run): bad.jsonl"
+    entries = state.result(raise_on_failure=False).entries
     assert entries["good.jsonl"]["status"] == DONE
     assert entries["bad.jsonl"]["status"] == FAILED and "no premise column" in entries["bad.jsonl"]["error"]
     failed = run_table(state)["bad.jsonl"]

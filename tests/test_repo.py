@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import gzip
+import hashlib
 import json
 import os
 import re
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +19,20 @@ from tests.checkout import copy_checkout
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_TIMEOUT_S = 600
 CHANCE = 1 / 3
+REAL_PAIRS = 400
+"""Real SNLI pairs per split in the fresh-clone test's zip: enough for every stage, quick on two cores."""
+SMALL_RUN = (
+    "model.d_hidden=16",
+    "model.d_tracker=8",
+    "model.mlp_dim=16",
+    "max_steps=20",
+    "eval_every=10",
+    "log_every=5",
+    "checkpoint_every=10",
+    "device=cpu",
+    "threads=1",
+)
+NO_TESTS_COLLECTED = 5
 
 
 def test_ci_runs_the_readme_test_command():
@@ -27,12 +44,21 @@ def test_ci_runs_the_readme_test_command():
 
 
 def test_ci_installs_what_readme_installs():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Install", 1)[1]
-    install = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL).group(1).strip()
-    ci = (ROOT / ".ci" / "run").read_text(encoding="utf-8")
-    for step in install.split(" && "):
-        assert step.strip() in ci, step
+    """scripts/install runs README's install line verbatim, and CI installs through it."""
+    install = readme_block("## Install", "pip install")
+    assert install in (ROOT / "scripts" / "install").read_text(encoding="utf-8").splitlines()
+    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
+    assert "scripts/install" in ci_lines
+
+
+def test_readme_starts_with_the_two_commands():
+    """The first command block sets up and runs the main job, then sets up and runs the tests."""
+    first = re.search(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text(encoding="utf-8"), re.DOTALL)
+    assert first.group(1).split("\n") == ["scripts/run", "scripts/test"]
+    for name in ("run", "test"):
+        script = ROOT / "scripts" / name
+        assert os.access(script, os.X_OK), f"{script} is not executable"
+        assert "scripts/install" in script.read_text(encoding="utf-8").splitlines(), f"{script} does not set up .venv"
 
 
 def readme_block(heading: str, marker: str) -> str:
@@ -66,3 +92,49 @@ def test_readme_smoke_command_runs_the_whole_pipeline_as_written(tmp_path):
     assert metrics["accuracy"] > CHANCE
     assert (checkout / "mlflow.db").is_file() and (checkout / "data" / "smoke" / "models" / "best.pt").is_file()
     assert "registered as models:/spinn-smoke/1 (now @champion)" in done.stdout
+
+
+def real_snli_zip(path: Path, sources: dict[str, Path], pairs: int) -> Path:
+    """A zip laid out as the official snli_1.0.zip, holding the first `pairs` real pairs of each split."""
+    with zipfile.ZipFile(path, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for split, source in sources.items():
+            with gzip.open(source, "rt", encoding="utf-8") as stream:
+                lines = [line for _, line in zip(range(pairs), stream, strict=False)]
+            archive.writestr(f"snli_1.0/snli_1.0_{split}.jsonl", "".join(lines))
+    return path
+
+
+@pytest.mark.slow
+def test_readme_two_commands_run_in_a_fresh_clone_on_real_data(tmp_path, snli_train_sample, snli_dev, snli_test):
+    """README's first command (a small model set with --set) on a real-data zip given by SPINN_DOWNLOAD_FILE and
+    SPINN_DOWNLOAD_CHECKSUM, offline; its second on one test file, and pytest's status comes back through it.
+    .venv is this environment (scripts/install leaves a complete one alone)."""
+    run_command, test_command = readme_block("## Two commands", "scripts/run").splitlines()
+    checkout = copy_checkout(tmp_path / "clone")
+    (checkout / ".venv").symlink_to(Path(sys.executable).parents[1])
+    corpus = real_snli_zip(
+        tmp_path / "snli_1.0.zip", {"train": snli_train_sample, "dev": snli_dev, "test": snli_test}, REAL_PAIRS
+    )
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PREFECT_API", "MLFLOW_", "SPINN_"))}
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect-home"),
+        SPINN_DOWNLOAD_FILE=str(corpus),
+        SPINN_DOWNLOAD_CHECKSUM=f"sha256:{hashlib.sha256(corpus.read_bytes()).hexdigest()}",
+    )
+    small = " ".join(f"--set {setting}" for setting in SMALL_RUN)
+    done = subprocess.run(
+        f"{run_command} {small}", shell=True, cwd=checkout, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, f"{run_command}\n{done.stdout}\n{done.stderr}"
+    metrics = json.loads((checkout / "data" / "metrics" / "test.json").read_text())
+    assert metrics["examples"] > 0.9 * REAL_PAIRS
+    assert "registered as models:/spinn/1 (now @champion)" in done.stdout
+
+    tests = subprocess.run(
+        f"{test_command} -q tests/test_trees.py", shell=True, cwd=checkout, env=env, capture_output=True, text=True
+    )
+    assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout + tests.stderr
+    nothing = subprocess.run(
+        f"{test_command} -q -k no_such_test tests/test_trees.py", shell=True, cwd=checkout, env=env
+    )
+    assert nothing.returncode == NO_TESTS_COLLECTED

@@ -329,6 +329,49 @@ def test_rng_states_restore_whatever_device_or_dtype_they_come_back_as():
 # ----------------------------------------------------------------------------- an output folder holds one run
 
 
+def test_runs_get_distinct_names_and_hold_their_data_and_confusion_matrices(prepared, workdir):
+    """Without --run-name, each run is named by variant, data and time (not by the seeded generator); a run
+    lists its data as dataset inputs, keeps the dev and (after evaluate) test scores and confusion matrices
+    as artifacts, its summary as tags; its version is described and tagged as every path does it."""
+    import shutil
+
+    import mlflow
+
+    from spinn.tracking.register import version_description
+
+    config = tiny_config(max_steps=2, registered_model="spinn-named")
+    first, second = (
+        train(prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / name, progress=False)
+        for name in ("one", "two")
+    )
+    client = mlflow.MlflowClient()
+    runs = [client.get_run(result.run_id) for result in (first, second)]
+    names = [run.info.run_name for run in runs]
+    assert names[0] != names[1], names
+    assert all(name.startswith("spinn snli_1.0_train_first1024 ") for name in names), names
+
+    run = runs[0]
+    inputs = {item.tags[0].value: item.dataset for item in run.inputs.dataset_inputs}
+    assert set(inputs) == {"training", "validation"}
+    assert inputs["training"].name == "snli_1.0_train_first1024"
+    assert run.data.params["data.train_sha256"].startswith(inputs["training"].digest)
+    assert str(prepared / "train.parquet") in inputs["training"].source
+    assert "best_step" in run.data.tags and "best_step" not in run.data.metrics
+    dev = {item.path for item in client.list_artifacts(run.info.run_id, "dev")}
+    assert dev == {"dev/dev_confusion.png", "dev/dev_scores.json"}
+
+    test = shutil.copy(prepared / "dev.parquet", workdir / "test.parquet")
+    metrics = evaluate(first.best_checkpoint, test, workdir / "test.json", plot=workdir / "confusion.png")
+    assert {item.path for item in client.list_artifacts(run.info.run_id, "test")} == {
+        "test/test.json",
+        "test/confusion.png",
+    }
+    version = client.get_model_version("spinn-named", first.model_version)
+    assert version.description == version_description("spinn", first.best_dev_accuracy)
+    assert float(version.tags["test_accuracy"]) == pytest.approx(metrics.accuracy)
+    assert "test_accuracy" not in client.get_model_version("spinn-named", second.model_version).tags
+
+
 def short_run(prepared: Path, output_dir: Path, **options):
     return train(
         prepared / "train.parquet",
@@ -426,3 +469,15 @@ def test_two_runs_started_together_on_a_fresh_store_both_work(prepared, workdir)
         assert run.wait(timeout=600) == 0, run.stdout.read()
     again = spinn_train(*data, *tiny, "--set", "max_steps=1", "--output-dir", "c", cwd=workdir)
     assert again.wait(timeout=600) == 0, again.stdout.read()
+
+
+def test_without_a_bar_training_prints_progress_lines(prepared, workdir, capsys):
+    """Under Prefect no bar shows: every `report_every_s` the run prints a line its logs keep."""
+    short_run(prepared, workdir / "m", max_steps=3, report_every_s=0.0)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("train step ")]
+    assert [line.split(":")[0] for line in lines] == [
+        "train step 1/3 (33%)",
+        "train step 2/3 (67%)",
+        "train step 3/3 (100%)",
+    ]
+    assert "pairs/s; best dev accuracy" in lines[-1]

@@ -25,7 +25,7 @@ from importlib import import_module
 
 import click
 
-from spinn.errors import SpinnError, SpinnWarning, one_line
+from spinn.errors import SpinnError, SpinnWarning, advice, one_line, option_name
 
 EXIT_USER_ERROR = 1
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -63,7 +63,8 @@ class _Group(click.Group):
                 warnings.showwarning = _one_line_for_ours(warnings.showwarning)
                 return super().invoke(ctx)
         except SpinnError as error:
-            click.echo(f"error: {one_line(error)}", err=True)
+            fix = advice(error, option_name)
+            click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
             sys.exit(EXIT_USER_ERROR)
 
 

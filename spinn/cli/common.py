@@ -10,6 +10,9 @@ import click
 from spinn.errors import SpinnError
 
 PATH = click.Path(path_type=Path)
+INPUT_FILE = click.Path(exists=True, dir_okay=False, path_type=Path)
+"""A command's INPUT: checked before any other work (a model download, a Stanza download), so a
+misspelt name is the error the user sees."""
 
 
 def config_option(section: str):

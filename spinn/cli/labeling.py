@@ -7,7 +7,7 @@ from typing import Any, get_args
 
 import click
 
-from spinn.cli.common import PATH, output_file, output_folder
+from spinn.cli.common import INPUT_FILE, PATH, output_file, output_folder
 from spinn.labeling.induce import TreesSettings
 from spinn.labeling.label import LabelSettings
 from spinn.options import field_options, given, renamed_option, resolve
@@ -27,7 +27,7 @@ def _without_cache(values: dict[str, Any], no_cache: bool) -> dict[str, Any]:
 
 
 @click.command()
-@click.argument("input_path", metavar="INPUT", type=PATH)
+@click.argument("input_path", metavar="INPUT", type=INPUT_FILE)
 @click.option(
     "--output-dir", type=PATH, help="Folder for <split>.parquet and <split>.rejects.jsonl.  [default: data/prepared]"
 )
@@ -57,7 +57,7 @@ def parse(
 
 
 @click.command()
-@click.argument("input_path", metavar="INPUT", type=PATH)
+@click.argument("input_path", metavar="INPUT", type=INPUT_FILE)
 @click.option(
     "--model", "model_reference", required=True, help="Checkpoint path or MLflow model URI (models:/spinn@champion)."
 )

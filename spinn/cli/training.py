@@ -100,7 +100,9 @@ def train(
     )
     click.echo(f"checkpoint {result.best_checkpoint}; MLflow run {result.run_id}")
     if result.model_version is not None:
-        promoted = f", now @{config.alias}" if result.promoted else f"; @{config.alias} stays (it scores higher on dev)"
+        promoted = (
+            f", now @{config.alias}" if result.promoted else f"; @{config.alias} stays (as good or better on dev)"
+        )
         click.echo(f"registered as models:/{config.registered_model}/{result.model_version}{promoted}")
     if metrics_dir is not None:
         click.echo(f"metrics and curves written to {', '.join(map(str, write_metrics_files(result, metrics_dir)))}")
@@ -134,7 +136,9 @@ def evaluate(
     from spinn.training.evaluate import evaluate as evaluate_stage
 
     settings = resolve(EvaluateSettings, config_path, given(EvaluateSettings, options))
-    metrics = evaluate_stage(model_reference, data, output, settings, plot=plot, predictions=predictions, vocab=vocab)
+    metrics = evaluate_stage(
+        model_reference, data, output, settings, plot=plot, predictions=predictions, vocab=vocab, progress=True
+    )
     line = f"accuracy {metrics.accuracy:.4f} on {metrics.examples} pairs (macro F1 {metrics.macro_f1:.4f})"
     if metrics.transition_accuracy is not None:
         line += f", transition accuracy {metrics.transition_accuracy:.4f}"

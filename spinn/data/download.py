@@ -14,6 +14,7 @@ import os
 import re
 import secrets
 import shutil
+import socket
 import stat
 import sys
 import zipfile
@@ -65,10 +66,10 @@ class DownloadError(SpinnError):
     server); orchestrators retry only those, never a wrong checksum or a 404.
     """
 
-    def __init__(self, message: str, *, retryable: bool = False) -> None:
+    def __init__(self, message: str, *, retryable: bool = False, fix: tuple[str, str] | None = None) -> None:
         """Collapse any whitespace run so messages quoting server text stay one line."""
         super().__init__(" ".join(message.split()))
-        self.retryable = retryable
+        self.retryable, self.fix = retryable, fix
 
 
 @dataclass(frozen=True)
@@ -317,11 +318,33 @@ def open_stream(url: str, dest: Path, offset: int) -> requests.Response:
     try:
         return requests.get(url, headers=headers, stream=True, timeout=HTTP_TIMEOUT)
     except requests.RequestException as exc:
+        if name_not_resolved(exc):  # offline, or a misspelt host: waiting will not bring the name back
+            host = urllib3.util.parse_url(url).host
+            raise DownloadError(
+                f"{dest.name}: cannot resolve {host} (no network, or no such host); without internet, "
+                f"give a local copy of the archive or a reachable mirror{kept_note(dest, offset)}",
+                fix=("file", "a local copy of the archive goes in {}"),
+            ) from exc
         raise DownloadError(
             f"{dest.name}: cannot reach {url} ({type(exc).__name__}: {exc}); expected the archive"
             f"{kept_note(dest, offset)}",
             retryable=True,
         ) from exc
+
+
+def name_not_resolved(error: BaseException) -> bool:
+    """Whether a failed request failed on its host name (DNS), anywhere in the chain of causes."""
+    pending, seen = [error], set()
+    while pending:
+        item = pending.pop()
+        if item is None or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, urllib3.exceptions.NameResolutionError | socket.gaierror):
+            return True
+        pending += [getattr(item, "reason", None), item.__cause__, item.__context__]
+        pending += [argument for argument in item.args if isinstance(argument, BaseException)]
+    return False
 
 
 def range_start(response: requests.Response) -> int | None:
@@ -429,7 +452,11 @@ def promote(part: Path, dest: Path, checksum: Checksum, *, source: str, what: st
         part.unlink(missing_ok=True)
         raise DownloadError(
             f"{dest.name}: {checksum.algorithm} mismatch: expected {checksum.hexdigest}, got {actual} "
-            f"(from {source}); {what} removed"
+            f"(from {source}); {what} removed",
+            fix=(
+                "checksum",
+                f"if that is the archive you mean (not the official one), give {{}} {checksum.algorithm}:{actual}",
+            ),
         )
     os.replace(part, dest)
 

@@ -48,6 +48,28 @@ class Registration:
         return f"models:/{self.name}/{self.version}"
 
 
+def version_description(variant: str, dev_accuracy: float) -> str:
+    """Every path that registers (the flow, `spinn train`, `dvc repro`) describes a version the same way."""
+    return f"{variant}, dev accuracy {dev_accuracy:.4f}"
+
+
+def score_tags(split: str, scores: dict[str, float]) -> dict[str, str]:
+    """`test_accuracy`, `test_macro_f1`, ...: a split's scores as version tags, whichever path scored it."""
+    return {f"{split}_{key}": repr(float(value)) for key, value in scores.items()}
+
+
+def tag_versions_of_checkpoint(run_id: str, checkpoint: Path, tags: dict[str, str]) -> list[str]:
+    """Tag the versions registered from `run_id` with exactly this checkpoint (e.g. with its test scores
+    after `spinn evaluate`); returns their URIs. A run's other versions (older best models) are left alone."""
+    digest = file_digest(Path(checkpoint), "sha256")
+    tagged = []
+    for name, version, version_tags in tracking.versions_from_run(run_id):
+        if version_tags.get(CHECKPOINT_TAG) == digest:
+            tracking.tag_version(name, version, tags)
+            tagged.append(f"models:/{name}/{version}")
+    return tagged
+
+
 def register_model(
     run_id: str,
     checkpoint: Path,

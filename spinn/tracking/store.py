@@ -33,6 +33,8 @@ MODEL_ARTIFACT_DIR = "model"
 CHECKPOINT_NAME = "checkpoint.pt"
 MODEL_URI_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 MAX_PARAM_LENGTH = 500  # MLflow refuses longer param values
+DATASET_DIGEST_CHARS = 16
+"""The start of a data file's SHA-256 that names it among a run's inputs (MLflow keeps at most 36 characters)."""
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 """The experiment tag MLflow 3's UI files experiments by (in its JS bundle; mlflow's Python has no constant)."""
 RUNNING, KILLED = "RUNNING", "KILLED"
@@ -199,6 +201,20 @@ def set_tags(tags: dict[str, str]) -> None:
     _mlflow().set_tags(tags)
 
 
+def log_dataset(path: Path, name: str, digest: str, context: str) -> None:
+    """Record a data file as one of the run's dataset inputs (name, digest, source), without reading it."""
+    import warnings
+
+    mlflow = _mlflow()
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+
+    with warnings.catch_warnings():  # MLflow 3.17 registers its local-file source twice and says so
+        warnings.simplefilter("ignore", UserWarning)
+        source = resolve_dataset_source(str(Path(path).resolve()))
+    mlflow.log_input(MetaDataset(source, name=name, digest=digest[:DATASET_DIGEST_CHARS]), context=context)
+
+
 def log_metrics(metrics: dict[str, float], step: int) -> None:
     _mlflow().log_metrics({key: float(value) for key, value in metrics.items()}, step=step)
 
@@ -238,6 +254,28 @@ def log_run_metrics(run_id: str, metrics: dict[str, float], step: int = 0) -> bo
     for key, value in metrics.items():
         client.log_metric(run_id, key, float(value), step=step)
     return True
+
+
+def log_run_artifacts(run_id: str, paths: list[Path], artifact_dir: str) -> bool:
+    """Add files to a run's artifacts (e.g. test scores to the training run); False when it is not here."""
+    if not run_exists(run_id):
+        return False
+    client = _client(write=True)
+    for path in paths:
+        client.log_artifact(run_id, str(path), artifact_path=artifact_dir)
+    return True
+
+
+def versions_from_run(run_id: str) -> list[tuple[str, str, dict[str, str]]]:
+    """(name, version, tags) of every registered version made from `run_id`, whatever the model's name."""
+    found = _client().search_model_versions(filter_string=f"run_id = '{run_id}'")
+    return [(version.name, str(version.version), dict(version.tags)) for version in found]
+
+
+def tag_version(name: str, version: str, tags: dict[str, str]) -> None:
+    client = _client(write=True)
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
 
 
 def end_abandoned_run(run_id: str) -> bool:

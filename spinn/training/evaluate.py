@@ -21,6 +21,7 @@ from typing import ClassVar, Literal
 import numpy
 import torch
 from pydantic import Field
+from tqdm import tqdm
 
 from spinn.data.pairs import Example, encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
@@ -61,6 +62,7 @@ def predict_examples(
     batch_size: int = EVAL_BATCH_SIZE,
     predict_transitions: bool = False,
     infer: InferStep | None = None,
+    progress: bool = False,
 ) -> Predictions:
     """Run `model` over labelled examples (length-sorted batches, no dropout) and keep every prediction.
 
@@ -69,8 +71,11 @@ def predict_examples(
     was_training = model.training
     infer = infer or InferStep(model, predict_transitions=predict_transitions)
     gold, predicted, counts, runs = [], [], [], []
-    with torch.no_grad():
-        for indices in bucket_batches(examples, batch_size, shuffle=False):
+    batches = bucket_batches(examples, batch_size, shuffle=False)
+    bar = tqdm(total=len(examples), disable=not progress, unit="pair", desc="evaluate", dynamic_ncols=True)
+    with torch.no_grad(), bar:
+        for indices in batches:
+            bar.update(len(indices))
             host = make_batch([examples[i] for i in indices], width_step=WIDTH_STEP)
             batch = host.to(device, non_blocking=True)
             output = infer(batch)
@@ -151,6 +156,7 @@ def evaluate(
     plot: Path | None = None,
     predictions: Path | None = None,
     vocab: Path | None = None,
+    progress: bool = False,
 ) -> Metrics:
     """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV)."""
     settings = settings or EvaluateSettings()
@@ -165,6 +171,7 @@ def evaluate(
         next(loaded.model.parameters()).device,
         batch_size=settings.batch_size,
         predict_transitions=predict,
+        progress=progress,
     )
     tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
     metrics = replace(found.metrics(), oov_share=unknown / tokens if tokens else None)
@@ -183,7 +190,8 @@ def evaluate(
     if predictions is not None:
         write_predictions(found, Path(predictions))
     if settings.track:
-        _log_to_training_run(loaded.contents, split_name(Path(data)), metrics)
+        files = [Path(output), *([Path(plot)] if plot is not None else [])]
+        _log_to_training_run(loaded.contents, loaded.checkpoint, split_name(Path(data)), metrics, files)
     return metrics
 
 
@@ -203,15 +211,22 @@ def split_name(data: Path) -> str:
     return Path(data).name.removesuffix(".parquet")
 
 
-def _log_to_training_run(contents: dict, split: str, metrics: Metrics) -> None:
+def _log_to_training_run(contents: dict, checkpoint: Path, split: str, metrics: Metrics, files: list[Path]) -> None:
+    """The scores as the training run's metrics, the report and plot as its artifacts (under `<split>/`), and
+    the scores as tags of the versions registered from this checkpoint."""
     from spinn.tracking import store as tracking
+    from spinn.tracking.register import score_tags, tag_versions_of_checkpoint
 
     run_id = (contents.get("state") or {}).get("run_id")
+    if run_id is None or not tracking.log_run_artifacts(run_id, files, split):
+        return
     values = {f"{split}_accuracy": metrics.accuracy, f"{split}_macro_f1": metrics.macro_f1}
     if metrics.transition_accuracy is not None:
         values[f"{split}_transition_accuracy"] = metrics.transition_accuracy
-    if run_id is not None:
-        tracking.log_run_metrics(run_id, values, step=contents.get("step", 0))
+    tracking.log_run_metrics(run_id, values, step=contents.get("step", 0))
+    tag_versions_of_checkpoint(
+        run_id, checkpoint, score_tags(split, {"accuracy": metrics.accuracy, "macro_f1": metrics.macro_f1})
+    )
 
 
 def _predicted_run(transitions: str, config: SPINNConfig) -> bool:

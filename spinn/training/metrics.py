@@ -63,6 +63,17 @@ class Metrics:
         scores = self.per_class().values()
         return sum(score.f1 for score in scores) / len(self.classes)
 
+    @classmethod
+    def from_json(cls, data: dict) -> Metrics:
+        """Back from `to_json`'s layout (as a checkpoint keeps its dev scores)."""
+        return cls(
+            tuple(tuple(int(count) for count in row) for row in data["confusion_matrix"]["counts"]),
+            tuple(data["confusion_matrix"]["labels"]),
+            data.get("transition_accuracy"),
+            data.get("bracket_f1"),
+            data.get("oov_share"),
+        )
+
     def to_json(self) -> dict:
         """The flat, stable layout written to metrics.json (DVC metrics)."""
         result: dict = {"accuracy": self.accuracy, "macro_f1": self.macro_f1, "examples": self.examples}

@@ -28,6 +28,7 @@ import csv
 import hashlib
 import json
 import random
+import secrets
 import tempfile
 import time
 from dataclasses import asdict, dataclass, field
@@ -54,7 +55,7 @@ from spinn.training.config import TrainConfig
 from spinn.training.distributed import Topology
 from spinn.training.evaluate import read_examples, score_examples
 from spinn.training.loader import prefetch
-from spinn.training.metrics import Metrics
+from spinn.training.metrics import Metrics, plot_confusion
 from spinn.training.step import InferStep, StepOptions, TrainStep, make_optimizer
 
 LAST_CHECKPOINT = "last.pt"
@@ -69,6 +70,8 @@ TRAIN_CURVE_NAME = "train_curve.csv"
 DEV_CURVE_NAME = "dev_curve.csv"
 TRAIN_CURVE_KEYS = ["train_loss", "train_accuracy"]
 DEV_CURVE_KEYS = ["dev_accuracy", "dev_transition_accuracy", "dev_bracket_f1"]
+DEV_ARTIFACT_DIR = "dev"
+"""Where the run's artifacts keep the best model's dev scores and confusion matrix."""
 RESULT_NAME = "result.json"
 """What rank 0 leaves for the process that launched a distributed run: the TrainResult."""
 RESUMABLE_CHANGES = frozenset(
@@ -139,7 +142,11 @@ class _Run:
     output_dir: Path
     data_hashes: dict[str, str]
     topology: Topology
+    train_path: Path
+    dev_path: Path
     rng_ranks: list[dict] = field(default_factory=list)  # every rank's RNG states at the last checkpoint
+    report_every_s: float | None = None
+    next_report: float = 0.0
 
 
 def train(
@@ -155,11 +162,13 @@ def train(
     run_name: str | None = None,
     register: bool = True,
     progress: bool = True,
+    report_every_s: float | None = None,
 ) -> TrainResult | None:
     """Train until max_steps, max_epochs or early stopping; see the module docstring.
 
     `resume`: continue the run whose last.pt is in `output_dir`; `overwrite`:
-    replace the run there; with neither, a folder holding a run is refused.
+    replace the run there; with neither, a folder holding a run is refused. `report_every_s`: also print
+    a progress line at the first log interval after each such span (where no bar is seen: Prefect's logs).
     With `processes` > 1 outside torchrun, starts torchrun on this node and returns what its rank 0
     trained. Under torchrun, rank 0 returns the result and the other ranks None."""
     from spinn.tracking import store as tracking
@@ -174,6 +183,7 @@ def train(
         )
     if config.threads is not None:
         torch.set_num_threads(config.threads)
+    run_name = run_name or default_run_name(config, Path(train_path))
     output_dir = Path(output_dir)
     paths = (Path(train_path), Path(dev_path), config, output_dir, vocab_path, Path(embeddings_dir))
     try:
@@ -183,6 +193,7 @@ def train(
         with lock_folder(output_dir) as lock:
             _check_folder(output_dir, resume or overwrite, tracking)
             run = _build(*paths, progress=progress)
+            run.report_every_s = report_every_s
             state = _starting_state(run, resume, overwrite, progress)
             _close_abandoned_run(lock, state.run_id, tracking)
             with tracking.run(config.experiment, run_name, state.run_id) as run_id:
@@ -262,6 +273,31 @@ def train_distributed(
         (output_dir / RESULT_NAME).unlink(missing_ok=True)
         distributed.launch(config.processes, arguments)
     return read_result(output_dir)
+
+
+def data_name(path: Path) -> str:
+    """What a prepared split was made from, for names people read: `snli_1.0_train` for the Parquet file
+    prepared from `snli_1.0.zip:snli_1.0_train.jsonl`; the file's own name when it does not say."""
+    import pyarrow.parquet as pq
+
+    from spinn.data.schema import META_SOURCE
+
+    try:
+        source = (pq.read_schema(path).metadata or {}).get(META_SOURCE, b"").decode()
+    except (OSError, ValueError):
+        source = ""
+    name = Path(source.rpartition(":")[2] or path.name).name
+    for suffix in (".gz", ".jsonl", ".txt", ".csv", ".tsv", ".parquet"):
+        name = name.removesuffix(suffix)
+    return name or path.stem
+
+
+def default_run_name(config: TrainConfig, train_path: Path) -> str:
+    """`pi snli_1.0_train 2026-11-23 16:20:05 3f2a`: the variant, the data, the start time and four hex
+    digits from the OS (never the seeded generator, which made every MLflow name the same), so runs
+    differ in MLflow's table and compare view, even two started in the same second."""
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{config.model.variant} {data_name(train_path)} {started} {secrets.token_hex(2)}"
 
 
 def _check_folder(output_dir: Path, told: bool, tracking) -> None:
@@ -349,6 +385,8 @@ def _build(
         output_dir,
         hashes,
         topology,
+        train_path,
+        dev_path,
     )
 
 
@@ -437,6 +475,11 @@ def _log_run_start(run: _Run, tracking) -> None:
     tracking.set_tags(
         {"variant": run.config.model.variant, "git_commit": tracking.git_commit(), "spinn.stage": "train"}
     )
+    for context, path, digest in (
+        ("training", run.train_path, run.data_hashes["train_sha256"]),
+        ("validation", run.dev_path, run.data_hashes["dev_sha256"]),
+    ):
+        tracking.log_dataset(path, data_name(path), digest, context)
 
 
 # ----------------------------------------------------------------------------- loop
@@ -534,6 +577,20 @@ def _log_window(run: _Run, state: TrainState, window: _Window, tracking, bar) ->
     state.train_seconds += seconds
     state.train_pairs += int(sums["pairs"])
     window.restart()
+    if run.report_every_s is not None and time.monotonic() >= run.next_report:
+        run.next_report = time.monotonic() + run.report_every_s
+        print(_progress_line(run, state, metrics), flush=True)
+
+
+def _progress_line(run: _Run, state: TrainState, metrics: dict[str, float]) -> str:
+    planned = _planned_steps(run)
+    line = (
+        f"train step {state.step}/{planned} ({state.step / planned:.0%}): loss {metrics['train_loss']:.3f}, "
+        f"accuracy {metrics['train_accuracy']:.3f}, {metrics['pairs_per_second']:,.0f} pairs/s"
+    )
+    if state.best_step:
+        line += f"; best dev accuracy {state.best_dev_accuracy:.4f} at step {state.best_step}"
+    return line
 
 
 def _evaluate_dev(run: _Run, state: TrainState, tracking) -> int:
@@ -585,13 +642,14 @@ def _finish(run: _Run, state: TrainState, tracking, register: bool) -> TrainResu
         _evaluate_dev(run, state, tracking)
     best = load_checkpoint(run.output_dir / BEST_CHECKPOINT)
     pairs_per_second = state.train_pairs / state.train_seconds if state.train_seconds else 0.0
-    tracking.log_metrics(
+    tracking.log_metrics({SELECTION_METRIC: state.best_dev_accuracy}, state.step)  # what registration compares
+    tracking.set_tags(  # one value per run, read in the run's overview and table, not drawn as one-point charts
         {
-            SELECTION_METRIC: state.best_dev_accuracy,
-            "best_step": state.best_step,
-            "mean_pairs_per_second": pairs_per_second,
-        },
-        state.step,
+            "best_step": str(state.best_step),
+            "steps": str(state.step),
+            "mean_pairs_per_second": f"{pairs_per_second:.1f}",
+            "train_seconds": f"{state.train_seconds:.1f}",
+        }
     )
     report = {
         "run_id": state.run_id,
@@ -628,7 +686,7 @@ def _finish(run: _Run, state: TrainState, tracking, register: bool) -> TrainResu
 
 def _publish(run: _Run, state: TrainState, report: dict, tracking, register: bool) -> tuple[str | None, bool]:
     """Log the model folder (checkpoint, vocab, config) and the report; register; move the alias if better."""
-    from spinn.tracking.register import register_model
+    from spinn.tracking.register import register_model, version_description
 
     config = run.config
     best = run.output_dir / BEST_CHECKPOINT
@@ -639,6 +697,7 @@ def _publish(run: _Run, state: TrainState, report: dict, tracking, register: boo
         run.vocabulary.save(folder / VOCAB_FILENAME)
         (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
         tracking.log_model_files([checkpoint, folder / VOCAB_FILENAME, folder / "config.json"])
+        tracking.log_run_artifacts(state.run_id, _dev_report(report, folder), DEV_ARTIFACT_DIR)
         with atomic_path(run.output_dir / REPORT_NAME) as temporary:
             temporary.write_text(json.dumps(report, indent=2), encoding="utf-8")
         tracking.log_artifact(run.output_dir / REPORT_NAME)
@@ -650,9 +709,20 @@ def _publish(run: _Run, state: TrainState, report: dict, tracking, register: boo
         state.best_dev_accuracy,
         name=config.registered_model,
         alias=config.alias,
-        description=f"{config.model.variant}, dev accuracy {state.best_dev_accuracy:.4f}",
+        description=version_description(config.model.variant, state.best_dev_accuracy),
     )
     return registration.version, registration.promoted
+
+
+def _dev_report(report: dict, folder: Path) -> list[Path]:
+    """The best model's dev scores as files for the run's artifacts: per-class precision / recall / F1 with
+    the confusion matrix (JSON), and the matrix drawn (PNG)."""
+    if not report["dev"]:
+        return []
+    scores = folder / "dev_scores.json"
+    scores.write_text(json.dumps(report["dev"], indent=2), encoding="utf-8")
+    title = f"{report['config']['model']['variant']} on dev, step {report['best_step']}"
+    return [scores, plot_confusion(Metrics.from_json(report["dev"]), folder / "dev_confusion.png", title=title)]
 
 
 def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, Path, Path]:
