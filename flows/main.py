@@ -65,8 +65,12 @@ SMOKE_OVERRIDES: dict[str, object] = {
     help="params.yaml whose sections set every stage (used when the file exists).",
 )
 @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="Override a train setting (repeatable).")
-@click.option("--resume", is_flag=True, help="Continue a killed training run from data/models/last.pt.")
-@click.option("--overwrite", is_flag=True, help="Replace the training run in data/models/ with a new one.")
+@click.option(
+    "--resume", is_flag=True, help="Continue a killed training run from last.pt in its own folder under data/runs/."
+)
+@click.option(
+    "--overwrite", is_flag=True, help="Train again into the run's folder under data/runs/, replacing what is there."
+)
 @click.option("--debug", is_flag=True, help="Show Prefect's failure logs and the traceback of an error.")
 def main(
     smoke: bool,

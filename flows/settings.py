@@ -62,7 +62,9 @@ class CorpusRequest(_Request):
     """Which corpus, how each data stage runs, and where the data goes."""
 
     params: Path | None = Field(DEFAULT_PARAMS, description=PARAMS_HELP)
-    data_dir: Path = Field(Path("data"), description="raw/, prepared/, embeddings/, models/ and metrics/ go here.")
+    data_dir: Path = Field(
+        Path("data"), description="raw/, prepared/, embeddings/ and runs/ (one folder per training run) go here."
+    )
     download: DownloadOverrides = Field(default_factory=DownloadOverrides)  # type: ignore[valid-type]
     prepare: PrepareOverrides = Field(default_factory=PrepareOverrides)  # type: ignore[valid-type]
     vocab: VocabOverrides = Field(default_factory=VocabOverrides)  # type: ignore[valid-type]
@@ -109,9 +111,10 @@ class TrainRequest(_Request):
 
     params: Path | None = Field(DEFAULT_PARAMS, description=PARAMS_HELP)
     settings: TrainOverrides = Field(default_factory=TrainOverrides)  # type: ignore[valid-type]
-    resume: bool = Field(False, description="Continue from models/last.pt in the same MLflow run.")
+    resume: bool = Field(False, description="Continue from last.pt in the run's folder (runs/) in the same MLflow run.")
     overwrite: bool = Field(
-        False, description="Replace the run in models/ (without it or resume, a folder holding one is refused)."
+        False,
+        description="Replace the run in its folder under runs/ (without it or resume, that folder is refused).",
     )
     register_model: bool = Field(True, description="Register the model; move the alias when it beats the champion.")
     run_name: str | None = Field(None, description="MLflow run name.")

@@ -152,11 +152,10 @@ def train_stage(
 def evaluate_stage(
     model: str, data: Path, output: Path, plot: Path, predictions: Path, settings: EvaluateSettings
 ) -> StageOutput:
-    from spinn.training.evaluate import evaluate
+    from spinn.training.evaluate import evaluate, report_path
 
     metrics = evaluate(model, data, output, settings, plot=plot, predictions=predictions)
-    summary = {key: value for key, value in metrics.to_json().items() if not isinstance(value, dict)}
-    return StageOutput.of(summary, output, plot, predictions)
+    return StageOutput.of(metrics.summary(), output, report_path(output), plot, predictions)
 
 
 @task(name="register", task_run_name="register")

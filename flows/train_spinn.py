@@ -2,7 +2,10 @@
 
 Registration comes after evaluation and chooses on dev accuracy only; the
 test scores are logged to the MLflow run and shown beside it. The Prefect run
-and the MLflow run name each other (an artifact here, tags there).
+and the MLflow run name each other (an artifact here, tags there). Each
+distinct run trains into a folder of its own, `<data_dir>/runs/<variant>-train-<digest>/`
+(checkpoints, and its metrics and curves under metrics/), so the artifact's
+checkpoint path keeps pointing at this run's model.
 """
 
 from __future__ import annotations
@@ -46,12 +49,15 @@ def train_spinn(
     stages' defaults. Training uses the word vectors the corpus's embeddings stage aligned; `evaluation`
     sets transitions, batch size and device of the test scoring (the model and data are this run's)."""
     from spinn.tracking import store as tracking
+    from spinn.training.folders import run_folder
 
     corpus, training = corpus or CorpusRequest(), training or TrainRequest()
     testing = EvaluateRequest(params=corpus.params, settings=evaluation or EvaluateOverrides()).evaluation()
     prepared = prepare_corpus(corpus)
     config = training.config().replace(embeddings=corpus.stages().embeddings)
-    metrics_dir = corpus.data_dir / "metrics"
+    splits = prepared.splits
+    output_dir = run_folder(corpus.data_dir / "runs", config, splits["train"], splits["dev"], prepared.vocab)
+    metrics_dir = output_dir / "metrics"
     trained = run_stage(
         tasks.train_stage,
         train=prepared.splits["train"],
@@ -59,7 +65,7 @@ def train_spinn(
         vocab=prepared.vocab,
         config=config,
         embeddings_dir=corpus.embeddings_dir,
-        output_dir=corpus.data_dir / "models",
+        output_dir=output_dir,
         metrics_dir=metrics_dir,
         resume=training.resume,
         overwrite=training.overwrite,

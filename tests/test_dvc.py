@@ -228,6 +228,15 @@ def test_metrics_and_plots_read_what_the_stages_declare(project: Project):
     metrics = workspace["data"]
     assert 0.0 <= metrics[TEST_METRICS]["data"]["accuracy"] <= 1.0
     assert 0.0 <= metrics[TRAIN_METRICS]["data"]["best_dev_accuracy"] <= 1.0
+    # a table a person reads: headline numbers only, the per-class report is a file of its own
+    assert set(metrics[TRAIN_METRICS]["data"]) == {"best_dev_accuracy", "best_step", "steps"}
+    assert set(metrics[TEST_METRICS]["data"]) <= {
+        "accuracy",
+        "macro_f1",
+        "examples",
+        "transition_accuracy",
+        "oov_share",
+    }
     # -o: image plots are copied out, by default into dvc_plots/ in the workspace
     shown = run([DVC, "plots", "show", "--json", "-o", str(project.workdir / "plots")], project.repo, project.env)
     plots = json.loads(shown.stdout)["data"]

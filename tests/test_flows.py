@@ -114,8 +114,10 @@ def test_train_spinn_leaves_data_model_metrics_and_a_registered_version(project,
     data = project["root"] / "data"
     for split in ("train", "dev", "test"):
         assert (data / "prepared" / f"{split}.parquet").is_file()
-    assert Path(result.checkpoint) == data / "models" / "best.pt"
-    metrics = json.loads((data / "metrics" / "test.json").read_text())
+    run_folder = Path(result.checkpoint).parent
+    assert run_folder.parent == data / "runs" and Path(result.checkpoint).name == "best.pt"
+    assert Path(result.metrics_file) == run_folder / "metrics" / "test.json"
+    metrics = json.loads(Path(result.metrics_file).read_text())
     assert metrics["examples"] > 0 and 0.0 <= metrics["accuracy"] <= 1.0
     assert result.test_metrics["accuracy"] == pytest.approx(metrics["accuracy"])
 

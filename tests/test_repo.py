@@ -88,10 +88,19 @@ def test_readme_smoke_command_runs_the_whole_pipeline_as_written(tmp_path):
     assert done.returncode == 0, f"{command}\n{done.stdout}\n{done.stderr}"
     assert "Starting temporary server on http://127.0.0.1" in done.stdout + done.stderr
     assert re.search(r"MLflow run [0-9a-f]{32} .* in sqlite:///mlflow.db", done.stdout)
-    metrics = json.loads((checkout / "data" / "smoke" / "metrics" / "test.json").read_text())
+    metrics = json.loads((checkout / printed_path(done.stdout, r"\(metrics: (\S+)\)")).read_text())
     assert metrics["accuracy"] > CHANCE
-    assert (checkout / "mlflow.db").is_file() and (checkout / "data" / "smoke" / "models" / "best.pt").is_file()
+    checkpoint = checkout / printed_path(done.stdout, r"model checkpoint (\S+)")
+    assert (checkout / "mlflow.db").is_file() and checkpoint.is_file()
+    assert checkpoint.parent.parent == checkout / "data" / "smoke" / "runs"
     assert "registered as models:/spinn-smoke/1 (now @champion)" in done.stdout
+
+
+def printed_path(output: str, pattern: str) -> Path:
+    """A path spinn-pipeline printed (relative to the checkout, or absolute)."""
+    found = re.search(pattern, output)
+    assert found, f"no {pattern!r} in:\n{output}"
+    return Path(found.group(1))
 
 
 def real_snli_zip(path: Path, sources: dict[str, Path], pairs: int) -> Path:
@@ -126,7 +135,7 @@ def test_readme_two_commands_run_in_a_fresh_clone_on_real_data(tmp_path, snli_tr
         f"{run_command} {small}", shell=True, cwd=checkout, env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, f"{run_command}\n{done.stdout}\n{done.stderr}"
-    metrics = json.loads((checkout / "data" / "metrics" / "test.json").read_text())
+    metrics = json.loads((checkout / printed_path(done.stdout, r"\(metrics: (\S+)\)")).read_text())
     assert metrics["examples"] > 0.9 * REAL_PAIRS
     assert "registered as models:/spinn/1 (now @champion)" in done.stdout
 

@@ -64,6 +64,8 @@ def test_rl_trains_on_tokens_only_and_labels_with_its_own_trees(tokens_only):
             "--device",
             "cpu",
             "--no-register",
+            "--output-dir",
+            "data/models",
             *TINY_RL,
         ]
     )
@@ -89,6 +91,12 @@ def test_rl_trains_on_tokens_only_and_labels_with_its_own_trees(tokens_only):
     assert [parse_binary(tree).leaves() for tree in trees] == [
         line.split() for line in sentences.read_text().splitlines()
     ]
+
+    run(["trees", str(tokens_only / "dev.csv"), "--model", "data/models/best.pt", "--output", "pair_trees.txt"])
+    dev_rows = pq.read_table(tokens_only / "prepared" / "dev.parquet").to_pylist()
+    distinct = {tuple(row[side]) for row in dev_rows for side in ("premise_tokens", "hypothesis_tokens")}
+    drawn = [tuple(parse_binary(tree).leaves()) for tree in (tokens_only / "pair_trees.txt").read_text().splitlines()]
+    assert len(drawn) == len(set(drawn)) == len(distinct), "each distinct sentence of the pairs once"
 
     run(
         [

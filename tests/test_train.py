@@ -481,3 +481,15 @@ def test_without_a_bar_training_prints_progress_lines(prepared, workdir, capsys)
         "train step 3/3 (100%)",
     ]
     assert "pairs/s; best dev accuracy" in lines[-1]
+
+
+def test_without_an_output_folder_each_distinct_run_trains_into_its_own(prepared, workdir):
+    """Two runs that differ in a setting never share checkpoints; the same run again finds its folder."""
+    paths = (prepared / "train.parquet", prepared / "dev.parquet")
+    first = train(*paths, tiny_config(max_steps=1), register=False, progress=False)
+    other = train(*paths, tiny_config(max_steps=1, learning_rate=0.01), register=False, progress=False)
+    assert first.best_checkpoint.parent != other.best_checkpoint.parent
+    assert first.best_checkpoint.parent.parent == other.best_checkpoint.parent.parent == Path("data/runs")
+    assert load_checkpoint(first.best_checkpoint)["state"]["run_id"] == first.run_id
+    with pytest.raises(SpinnError, match="earlier run"):
+        train(*paths, tiny_config(max_steps=1), register=False, progress=False)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from spinn.cli.common import PATH, config_option, output_folder
+from spinn.cli.common import PATH, config_option
 from spinn.options import field_options, given, renamed_option, resolve
 from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings
@@ -31,7 +31,11 @@ from spinn.training.evaluate import EvaluateSettings
     help="Prepared dev split (periodic evaluation, early stopping, model selection).",
 )
 @click.option("--vocab", "vocab_path", type=PATH, help="Vocabulary (default: vocab.json beside --train).")
-@click.option("--output-dir", type=PATH, help="Folder for last.pt, best.pt and report.json.  [default: data/models]")
+@click.option(
+    "--output-dir",
+    type=PATH,
+    help="Folder for last.pt, best.pt and report.json.  [default: this run's own folder under data/runs]",
+)
 @renamed_option("--output", "--output-dir", "old_output", type=PATH)
 @click.option(
     "--embeddings-dir",
@@ -84,7 +88,7 @@ def train(
         train_path,
         dev_path,
         config,
-        output_dir=output_folder(output_dir, old_output, Path("data/models")),
+        output_dir=output_dir or old_output,
         vocab_path=vocab_path,
         embeddings_dir=embeddings_dir,
         resume=resume,
@@ -134,6 +138,7 @@ def evaluate(
 ) -> None:
     """Score a trained model on a prepared split: accuracy, per-class P/R/F1, confusion matrix."""
     from spinn.training.evaluate import evaluate as evaluate_stage
+    from spinn.training.evaluate import report_path
 
     settings = resolve(EvaluateSettings, config_path, given(EvaluateSettings, options))
     metrics = evaluate_stage(
@@ -145,4 +150,5 @@ def evaluate(
     if metrics.oov_share is not None:
         line += f"; {metrics.oov_share:.1%} of tokens out of the model's vocabulary"
     click.echo(line)
-    click.echo(f"metrics written to {output}" + (f", confusion matrix to {plot}" if plot else ""))
+    written = f"metrics written to {output}, the per-class report to {report_path(output)}"
+    click.echo(written + (f", confusion matrix to {plot}" if plot else ""))

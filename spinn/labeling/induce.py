@@ -48,9 +48,10 @@ def induce_trees(
     *,
     html: Path | None = None,
 ) -> int:
-    """Write one tree per sentence (a .txt input: one sentence per line; a pairs file: premise, then
-    hypothesis of each pair), and optionally draw the first `html_trees` as an HTML page; returns how
-    many trees were written."""
+    """Write one tree per sentence (a .txt input: one per line, as given; a pairs file: each distinct
+    premise and hypothesis once, in first-seen order, since SNLI-style data repeats a premise for each of
+    its hypotheses), and optionally draw the first `html_trees` as an HTML page; returns how many trees
+    were written."""
     settings = settings or TreesSettings()
     batch_size = settings.batch_size
     loaded = load_model(model_reference, resolve_device(settings.device))
@@ -74,10 +75,14 @@ def _sentences(path: Path) -> Iterator[list[str]]:
         for line in path.read_text(encoding="utf-8").splitlines():
             yield simple_tokenize(line)
         return
+    seen: set[tuple[str, ...]] = set()
     for item in read_input_pairs(path):
-        if isinstance(item, InputPair):
-            yield simple_tokenize(item.premise)
-            yield simple_tokenize(item.hypothesis)
+        if not isinstance(item, InputPair):
+            continue
+        for tokens in (simple_tokenize(item.premise), simple_tokenize(item.hypothesis)):
+            if tuple(tokens) not in seen:
+                seen.add(tuple(tokens))
+                yield tokens
 
 
 def _trees(loaded, sentences: list[list[str]]) -> list[str]:

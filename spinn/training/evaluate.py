@@ -176,23 +176,32 @@ def evaluate(
     tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
     metrics = replace(found.metrics(), oov_share=unknown / tokens if tokens else None)
     warn_if_mostly_unknown(data, metrics.oov_share)
-    report = {
-        **metrics.to_json(),
+    provenance = {
         "model": str(model_reference),
         "data": str(data),
         "variant": loaded.model.config.variant,
         "transitions": "predicted" if predict else "gold",
     }
-    with atomic_path(Path(output)) as temporary:
-        temporary.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n", encoding="utf-8")
+    _write_json(Path(output), metrics.summary())
+    _write_json(report_path(Path(output)), {**metrics.to_json(), **provenance})
     if plot is not None:
         plot_confusion(metrics, plot, title=f"{loaded.model.config.variant} on {Path(data).name}")
     if predictions is not None:
         write_predictions(found, Path(predictions))
     if settings.track:
-        files = [Path(output), *([Path(plot)] if plot is not None else [])]
+        files = [Path(output), report_path(Path(output)), *([Path(plot)] if plot is not None else [])]
         _log_to_training_run(loaded.contents, loaded.checkpoint, split_name(Path(data)), metrics, files)
     return metrics
+
+
+def report_path(output: Path) -> Path:
+    """Beside the metrics file, the whole report: `test.json` -> `test_report.json`."""
+    return output.with_name(f"{output.stem}_report{output.suffix}")
+
+
+def _write_json(path: Path, data: dict) -> None:
+    with atomic_path(path) as temporary:
+        temporary.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
 def write_predictions(found: Predictions, path: Path) -> Path:

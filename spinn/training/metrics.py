@@ -74,8 +74,8 @@ class Metrics:
             data.get("oov_share"),
         )
 
-    def to_json(self) -> dict:
-        """The flat, stable layout written to metrics.json (DVC metrics)."""
+    def summary(self) -> dict:
+        """The headline numbers only: what `spinn evaluate --output` writes and `dvc metrics show` lists."""
         result: dict = {"accuracy": self.accuracy, "macro_f1": self.macro_f1, "examples": self.examples}
         if self.transition_accuracy is not None:
             result["transition_accuracy"] = self.transition_accuracy
@@ -83,6 +83,12 @@ class Metrics:
             result["bracket_f1"] = self.bracket_f1
         if self.oov_share is not None:
             result["oov_share"] = self.oov_share
+        return result
+
+    def to_json(self) -> dict:
+        """The whole, stable layout: the summary, per-class scores and the confusion matrix (the report file,
+        and the dev scores a checkpoint keeps)."""
+        result = self.summary()
         result["per_class"] = {name: vars(score) for name, score in self.per_class().items()}
         result["confusion_matrix"] = {"labels": list(self.classes), "counts": [list(row) for row in self.confusion]}
         return result

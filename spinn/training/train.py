@@ -54,6 +54,7 @@ from spinn.training import distributed
 from spinn.training.config import TrainConfig
 from spinn.training.distributed import Topology
 from spinn.training.evaluate import read_examples, score_examples
+from spinn.training.folders import RUNS_DIR, run_folder
 from spinn.training.loader import prefetch
 from spinn.training.metrics import Metrics, plot_confusion
 from spinn.training.step import InferStep, StepOptions, TrainStep, make_optimizer
@@ -154,7 +155,7 @@ def train(
     dev_path: Path,
     config: TrainConfig,
     *,
-    output_dir: Path = Path("data/models"),
+    output_dir: Path | None = None,
     vocab_path: Path | None = None,
     embeddings_dir: Path = DEFAULT_CACHE_DIR,
     resume: bool = False,
@@ -166,6 +167,7 @@ def train(
 ) -> TrainResult | None:
     """Train until max_steps, max_epochs or early stopping; see the module docstring.
 
+    `output_dir`: by default this run's own folder under data/runs (spinn/training/folders.py).
     `resume`: continue the run whose last.pt is in `output_dir`; `overwrite`:
     replace the run there; with neither, a folder holding a run is refused. `report_every_s`: also print
     a progress line at the first log interval after each such span (where no bar is seen: Prefect's logs).
@@ -173,6 +175,8 @@ def train(
     trained. Under torchrun, rank 0 returns the result and the other ranks None."""
     from spinn.tracking import store as tracking
 
+    if output_dir is None:
+        output_dir = run_folder(RUNS_DIR, config, Path(train_path), Path(dev_path), vocab_path)
     if resume and overwrite:
         raise SpinnError(f"{output_dir}: --resume continues the run there and --overwrite replaces it; give one")
     topology = Topology.from_environment()
@@ -735,12 +739,10 @@ def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, P
 
     metrics_dir = Path(metrics_dir)
     metrics_dir.mkdir(parents=True, exist_ok=True)
-    summary = {
+    summary = {  # what selects a model; speed is machine-dependent and lives in the MLflow run
         "best_dev_accuracy": result.best_dev_accuracy,
         "best_step": result.best_step,
         "steps": result.steps,
-        "pairs_per_second": result.pairs_per_second,
-        "train_seconds": result.train_seconds,
     }
     paths = (metrics_dir / TRAIN_METRICS_NAME, metrics_dir / TRAIN_CURVE_NAME, metrics_dir / DEV_CURVE_NAME)
     with atomic_path(paths[0]) as temporary:
