@@ -51,6 +51,12 @@ from spinn.training.evaluate import EvaluateSettings
 )
 @click.option("--run-name", help="MLflow run name.")
 @click.option("--no-register", is_flag=True, help="Do not register the model in the MLflow registry.")
+@click.option("--no-progress", is_flag=True, help="No progress bar.")
+@click.option(
+    "--report-every",
+    type=click.FloatRange(min=1),
+    help="Print a progress line every SECONDS instead of a progress bar (for logs: Prefect, CI, torchrun).",
+)
 @click.option(
     "--config", "config_path", type=PATH, help="params.yaml whose `train` and `embeddings` sections set the run."
 )
@@ -74,6 +80,8 @@ def train(
     overwrite: bool,
     run_name: str | None,
     no_register: bool,
+    no_progress: bool,
+    report_every: float | None,
     config_path: Path | None,
     overrides: tuple[str, ...],
     **options: Any,
@@ -95,6 +103,8 @@ def train(
         overwrite=overwrite,
         run_name=run_name,
         register=not no_register,
+        progress=not no_progress and report_every is None,
+        report_every_s=report_every,
     )
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         return

@@ -182,6 +182,7 @@ def train(
     topology = Topology.from_environment()
     if config.processes > 1 and not topology.distributed:
         arguments = dict(vocab_path=vocab_path, embeddings_dir=embeddings_dir, run_name=run_name, register=register)
+        arguments.update(progress=progress, report_every_s=report_every_s)
         return train_distributed(
             train_path, dev_path, config, output_dir, resume=resume, overwrite=overwrite, **arguments
         )
@@ -246,6 +247,8 @@ def train_distributed(
     overwrite: bool = False,
     run_name: str | None = None,
     register: bool = True,
+    progress: bool = True,
+    report_every_s: float | None = None,
 ) -> TrainResult:
     """Run `spinn train` under torchrun with `config.processes` ranks on this node, and read rank 0's result.
 
@@ -274,6 +277,8 @@ def train_distributed(
         arguments += ["--overwrite"] if overwrite else []
         arguments += ["--run-name", run_name] if run_name else []
         arguments += [] if register else ["--no-register"]
+        arguments += [] if progress else ["--no-progress"]
+        arguments += ["--report-every", str(report_every_s)] if report_every_s is not None else []
         (output_dir / RESULT_NAME).unlink(missing_ok=True)
         distributed.launch(config.processes, arguments)
     return read_result(output_dir)
