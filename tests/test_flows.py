@@ -25,6 +25,7 @@ from spinn.data.smoke import write_smoke_corpus
 from spinn.io import file_digest
 from spinn.settings import nest
 from spinn.tracking.register import version_description
+from spinn.training.evaluate import report_path
 from tests.checkout import copy_checkout
 from tests.test_label import stanza_dir, write_rows
 
@@ -217,7 +218,8 @@ def test_evaluate_spinn_scores_the_registered_champion(project, first_run):
     assert evaluated["accuracy"] == pytest.approx(first_run.result().test_metrics["accuracy"])
     facts = facts_table(state, "spinn-evaluation")
     assert facts["model"] == "models:/flow-test@champion" and facts["pairs"] == evaluated["examples"]
-    assert json.loads(output.read_text())["model"] == "models:/flow-test@champion"
+    assert json.loads(output.read_text())["accuracy"] == pytest.approx(evaluated["accuracy"])
+    assert json.loads(report_path(output).read_text())["model"] == "models:/flow-test@champion"
     assert (output.parent / "champion_predictions.csv").is_file()
 
 

@@ -179,12 +179,13 @@ def test_evaluate_from_checkpoint_and_registry_agree(prepared, workdir):
     )
     assert from_file == from_registry
     assert from_file.accuracy == pytest.approx(result.best_dev_accuracy)
-    report = json.loads((workdir / "a.json").read_text())
-    assert report["examples"] == DEV_PAIRS - 1 and report["transitions"] == "gold"
-    assert 0.0 <= report["transition_accuracy"] <= 1.0
+    summary = json.loads((workdir / "a.json").read_text())
+    assert summary["examples"] == DEV_PAIRS - 1 and 0.0 <= summary["transition_accuracy"] <= 1.0
+    report = json.loads((workdir / "a_report.json").read_text())
+    assert report["transitions"] == "gold" and sum(map(sum, report["confusion_matrix"]["counts"])) == DEV_PAIRS - 1
     assert (workdir / "confusion.png").read_bytes()[:4] == b"\x89PNG"
     predicted = evaluate(result.best_checkpoint, prepared / "dev.parquet", workdir / "c.json")
-    assert json.loads((workdir / "c.json").read_text())["transitions"] == "predicted"
+    assert json.loads((workdir / "c_report.json").read_text())["transitions"] == "predicted"
     assert predicted.examples == from_file.examples
 
 
@@ -364,6 +365,7 @@ def test_runs_get_distinct_names_and_hold_their_data_and_confusion_matrices(prep
     metrics = evaluate(first.best_checkpoint, test, workdir / "test.json", plot=workdir / "confusion.png")
     assert {item.path for item in client.list_artifacts(run.info.run_id, "test")} == {
         "test/test.json",
+        "test/test_report.json",
         "test/confusion.png",
     }
     version = client.get_model_version("spinn-named", first.model_version)
