@@ -164,8 +164,27 @@ class PendingParses:
         self._keys_by_text: dict[str, list[str]] = {}
         self._outcomes: dict[str, Parsed | Unparsed] = {}
         self._futures: dict[str, Future] = {}  # text -> the future of its batch (this call's or an earlier one's)
+        self._started = time.perf_counter()
+        self._last_done = self._started
         self.to_parse = 0
         """Distinct texts this call gives to Stanza (not cached, not already in flight)."""
+
+    @property
+    def seconds(self) -> float:
+        """Wall seconds from the call until its last batch was parsed (waiting for `result` not counted)."""
+        return self._last_done - self._started
+
+    def seconds_after(self, moment: float) -> float:
+        """Wall seconds of parsing after `moment` (perf_counter): time that parses of an earlier call,
+        queued ahead of this one's, did not already account for."""
+        return max(self._last_done - max(self._started, moment), 0.0)
+
+    @property
+    def finished_at(self) -> float:
+        return self._last_done
+
+    def _done(self, _future: Future | None = None) -> None:
+        self._last_done = max(self._last_done, time.perf_counter())
 
     def result(self) -> dict[str, Parsed | Unparsed]:
         """One result per distinct input text, keyed by that exact text, in input order."""
@@ -232,6 +251,9 @@ class SentenceParser:
                 if progress is not None:
                     progress(len(batch))
         self.stats.parsed += len(missing)
+        pending._done()
+        for future in dict.fromkeys(pending._futures.values()):
+            future.add_done_callback(pending._done)
         return pending
 
     def _finish(self, pending: PendingParses) -> dict[str, Parsed | Unparsed]:
@@ -312,7 +334,7 @@ class SentenceParser:
         pipeline = self._loaded_pipeline()
         started = time.perf_counter()
         try:
-            with _torch_threads(self.settings.threads):
+            with torch_threads(self.settings.threads):
                 return pipeline.bulk_process(texts)  # pretokenized: each text's tokens split on spaces
         finally:
             self.stats.parse_seconds += time.perf_counter() - started
@@ -354,7 +376,7 @@ def _told(progress: Progress, size: int) -> Callable[[Future], None]:
 
 
 @contextmanager
-def _torch_threads(threads: int) -> Iterator[None]:
+def torch_threads(threads: int) -> Iterator[None]:
     """Run the block with that many torch intra-op threads, and give the caller its own setting back."""
     import torch
 
