@@ -32,9 +32,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 import sqlite3
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
@@ -62,6 +64,7 @@ STANZA_LOG_LEVEL = "ERROR"  # Stanza logs every model it loads at INFO
 OUTPUT_VERSION = "spinn-parse-1"
 ROOT_LABEL = "ROOT"
 CACHE_TIMEOUT_S = 60.0  # how long a writer waits for another process's transaction
+PARENT_POLL_S = 0.5  # how often a parser worker checks that its parent still runs
 CACHE_LOOKUP_CHUNK = 500  # texts per SELECT, well under SQLite's bound-parameter limit
 
 # Penn Treebank spellings of brackets and quotes, as in SNLI's parses.
@@ -402,20 +405,32 @@ def _start_pool(settings: ParserSettings) -> ProcessPoolExecutor:
 
     own = settings.replace(workers=1, cache_path=None)
     pool = ProcessPoolExecutor(
-        settings.workers, mp_context=multiprocessing.get_context("spawn"), initializer=_start_worker, initargs=(own,)
+        settings.workers,
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=_start_worker,
+        initargs=(own, os.getpid()),
     )
     for _ in range(settings.workers):
         pool.submit(time.sleep, 0)  # start every worker now, so loading overlaps the caller's own work
     return pool
 
 
-def _start_worker(settings: ParserSettings) -> None:
+def _start_worker(settings: ParserSettings, parent: int) -> None:
     import torch
 
     global _WORKER
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="exit-with-parent").start()
     torch.set_num_threads(settings.threads)
     _WORKER = SentenceParser(settings)
     _WORKER._loaded_pipeline()
+
+
+def _exit_with(parent: int) -> None:
+    """End this worker once its parent is gone: a killed `spinn label` (kill -9 runs no cleanup) must not
+    leave its workers behind, waiting forever for batches."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
 
 
 def _parse_in_worker(texts: list[str]) -> tuple[dict[str, Parsed | Unparsed], float]:
