@@ -160,11 +160,16 @@ def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_mo
 
 
 def test_progress_bars_show_pairs_per_second_for_both_phases(smoke_model, tmp_path, capsys):
-    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 10))
+    """Rows the reader or the parser rejects count too, so both bars end full."""
+    rows = smoke_pairs(smoke_model, 10)
+    rows[3]["premise"] = ""
+    source = write_rows(tmp_path / "pairs.jsonl", rows)
+    source.write_text(source.read_text() + '{"id": "broken", "premise": \n', encoding="utf-8")
     summary = label(source, smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path), progress=True)
     bars = capsys.readouterr().err
-    assert "parse: 100%" in bars and "model: 100%" in bars and "10/10" in bars and "pairs/s" in bars
-    assert summary.seconds > 0 and summary.pairs_per_second == pytest.approx(10 / summary.seconds)
+    assert "parse: 100%" in bars and "model: 100%" in bars and "11/11" in bars and "pairs/s" in bars
+    assert summary.rejected == 2
+    assert summary.seconds > 0 and summary.pairs_per_second == pytest.approx(11 / summary.seconds)
     assert any("end to end" in line for line in summary.report())
 
 

@@ -424,17 +424,18 @@ def label_shard(
 ) -> ShardResult:
     """Label one shard unless a finished result is already there (its Parquet file is written last).
 
-    `parse`: the shard's parse, if it was started earlier (see `label`)."""
+    `parse`: the shard's parse, if it was started earlier (see `label_shards`)."""
     if plan.labels(index).is_file():
         result = _reused(plan, index)
         if progress is not None:
-            progress.done_before(len(shard_rows(plan, index)))
+            progress.skipped(len(shard_rows(plan, index)))
         return result
     parse = parse or start_parse(plan, index, labeller, progress)
     result = ShardResult(index)
     trees, rejects = _sentence_trees(parse, plan.input, result)
     if progress is not None:
-        progress.labelled(len(rejects))
+        progress.skipped(len(_lines(plan.input_rejects(index))))
+        progress.labelled(len(rejects))  # rejected by the parser: parsed, and never reach the model
     kept = [pair for pair in parse.pairs if pair["row"] in trees]
     rows = _predict(kept, trees, labeller, result, progress)
     result.labelled, result.rejected = len(rows), len(rejects)

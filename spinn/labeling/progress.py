@@ -48,8 +48,8 @@ class LabelProgress:
     def labelled(self, pairs: float) -> None:
         self._add("model", pairs)
 
-    def done_before(self, pairs: int) -> None:
-        """Pairs an earlier run finished (reused shards): through both phases already."""
+    def skipped(self, pairs: int) -> None:
+        """Rows that need neither phase (shards an earlier run finished, rows the reader rejected)."""
         self._add("parse", pairs)
         self._add("model", pairs)
 
