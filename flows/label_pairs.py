@@ -7,6 +7,13 @@ into shards (spinn.labeling.label), the shards run as Prefect tasks on a Dask cl
 A file that fails is recorded as failed, reported, and tried again on the next
 run; finished shards of a killed run are reused. Counts go to the Prefect
 run's artifacts and to an MLflow run per labelled file.
+
+The Dask workers are the parallelism: each worker process parses in itself
+(`spinn label`'s parser `workers` do not apply here) with the settings' torch
+threads, so `dask_workers` about the number of free cores keeps them busy
+without oversubscribing them; a file gives each worker work when it has at
+least that many shards (`shard_size`). A shard logs its progress every
+PROGRESS_EVERY_S seconds.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ DONE, FAILED = "done", "failed"
 LABELING_EXPERIMENT = "spinn-labeling"
 LOOPBACK = "127.0.0.1"
 LABELLING_RUN_KEY = "spinn-labeling-run"
+PROGRESS_EVERY_S = 30.0
 FILE_COLUMNS = ("status", "rows", "labelled", "rejected", "oov_share", "parser", "output", "error")
 """The labelling run's table: a labelled file fills the counts, a failed one the error."""
 
@@ -102,8 +110,10 @@ _LABELLERS: dict[tuple, Any] = {}
 
 
 def _labeller(model: str, settings) -> Any:
+    """Parsing in this worker process: a Dask worker is daemonic (no children) and is itself the parallelism."""
     from spinn.labeling.label import Labeller
 
+    settings = settings.replace(parsing={"workers": 1})
     key = (model, repr(settings))
     if key not in _LABELLERS:
         _LABELLERS[key] = Labeller(model, settings)
@@ -131,13 +141,27 @@ def plan_task(input_path: Path, output: Path, model: str, settings) -> PlannedFi
 
 @task(name="label-shard", task_run_name="label-shard-{index}")
 def shard_task(plan, index: int, model: str, settings):
+    """One shard; its parse and model progress, with pairs/s, in the task's log every PROGRESS_EVERY_S seconds."""
+    from prefect import get_run_logger
+
     from spinn.errors import SpinnError
-    from spinn.labeling.label import label_shard
+    from spinn.labeling.label import label_shard, shard_rows
+    from spinn.labeling.progress import LabelProgress
 
     labeller = _labeller(model, settings)
     if labeller.checkpoint_sha256 != plan.fingerprint["checkpoint_sha256"]:
         raise SpinnError(f"{model}: this worker loaded another checkpoint than the plan's")
-    return label_shard(plan, index, labeller)
+    logger = get_run_logger()
+    progress = LabelProgress(
+        len(shard_rows(plan, index)),
+        bars=False,
+        log=lambda line: logger.info(f"shard {index}: {line}"),
+        every_s=PROGRESS_EVERY_S,
+    )
+    try:
+        return label_shard(plan, index, labeller, progress=progress)
+    finally:
+        progress.close()
 
 
 @task(name="merge-shards", task_run_name="merge-{plan.shards}-shards")

@@ -18,12 +18,18 @@ torch.cuda.max_memory_allocated on CUDA and the process's peak resident set
 size on CPU. `--count-ops` adds aten ops and host syncs per step and per
 transition step (spinn/opcount.py); `--profile` (CUDA) adds kernels per step
 and the share of wall time the GPU is busy. No MLflow, Prefect, Stanza or DVC
-is imported here: the benchmark runs on a bare GPU image.
+is imported here at load time: the benchmark runs on a bare GPU image.
+
+`run_label_bench` (`spinn bench-label`) times the label stage itself on a file
+of sentence pairs: parse, model and end-to-end pairs/s for a given model and
+parser, so any machine can measure where labelling spends its time. It
+imports the labelling code (and with it Stanza) only when called.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import random
 import resource
 import sys
@@ -372,3 +378,40 @@ def _cpu_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return "cpu"
+
+
+# ----------------------------------------------------------------------------- the label stage
+
+
+def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -> dict[str, Any]:
+    """Label `input_path` with `spinn label`'s own stage into a temporary folder and return its speeds:
+    parse, model and end-to-end pairs/s (end to end: from before the model and the parser load to the
+    merged output, in this process). `settings`: LabelSettings; without a parse cache unless it names
+    one, so the parser really runs. The labelling code, Stanza and MLflow load only here."""
+    import tempfile
+
+    from spinn.labeling.label import LabelSettings, label
+
+    settings = settings or LabelSettings().replace(parsing={"cache_path": None})
+    with tempfile.TemporaryDirectory(prefix="spinn-bench-label-") as folder:
+        summary = label(Path(input_path), model, Path(folder) / "labels.parquet", settings)
+    return {
+        "parse_pairs_per_second": summary.parse_pairs_per_second,
+        "model_pairs_per_second": summary.model_pairs_per_second,
+        "pairs_per_second": summary.pairs_per_second,
+        "seconds": summary.seconds,
+        "parse_seconds": summary.parse_seconds,
+        "model_seconds": summary.model_seconds,
+        "rows": summary.rows,
+        "labelled": summary.labelled,
+        "rejected": summary.rejected,
+        "shards": summary.shards,
+        "input": str(input_path),
+        "model": summary.model,
+        "parser": summary.parser,
+        **settings.to_dict(),
+        "device_name": _device_name("cuda" if torch.cuda.is_available() and settings.device != "cpu" else "cpu"),
+        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "torch": torch.__version__,
+    }

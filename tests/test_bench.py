@@ -227,3 +227,43 @@ def test_cli_count_ops_line(corpus):
     result = CliRunner().invoke(main, ["bench", "--corpus", str(corpus), "--count-ops", *options])
     assert result.exit_code == 0, result.output
     assert "aten ops per transition step" in result.output and "host syncs per step" in result.output
+
+
+# ----------------------------------------------------------------------------- bench-label
+
+RELEASE = ROOT / "tests" / "fixtures" / "release-0.1.0"
+
+
+def test_label_bench_reports_parse_model_and_end_to_end_speeds():
+    """The model builds its own trees here (no Stanza): the stage runs and every speed is a number."""
+    from spinn.bench import run_label_bench
+    from spinn.labeling.label import LabelSettings
+
+    settings = LabelSettings(parser="model", device="cpu").replace(parsing={"cache_path": None})
+    result = run_label_bench(RELEASE / "pairs.parquet", RELEASE / "checkpoint.pt", settings)
+    assert result["rows"] == result["labelled"] == 24 and result["parser"] == "model"
+    for key in ("parse_pairs_per_second", "model_pairs_per_second", "pairs_per_second"):
+        assert result[key] > 0
+    assert result["pairs_per_second"] == pytest.approx(24 / result["seconds"])
+    assert result["parsing"]["workers"] == 1 and result["threads"] == 1
+
+
+def test_bench_label_command_prints_one_line_or_json():
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    arguments = ["bench-label", str(RELEASE / "pairs.parquet"), "--model", str(RELEASE / "checkpoint.pt")]
+    arguments += ["--parser", "model", "--device", "cpu"]
+    line = CliRunner().invoke(main, arguments)
+    assert line.exit_code == 0, line.output
+    assert "24 pairs (24 labelled)" in line.output and "end to end" in line.output
+    as_json = CliRunner().invoke(main, [*arguments, "--json"])
+    assert json.loads(as_json.output.strip().splitlines()[-1])["parsing"]["cache_path"] is None
+
+
+def test_the_benchmark_module_loads_no_stanza_mlflow_or_prefect():
+    heavy = "{'stanza', 'mlflow', 'prefect'}"
+    code = f"import sys, spinn.bench, spinn.cli.benchmark; print(sorted({heavy} & set(sys.modules)))"
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert loaded.stdout.strip() == "[]"

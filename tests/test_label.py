@@ -135,6 +135,61 @@ def test_labels_do_not_depend_on_batch_size(smoke_model, tmp_path, parser):
             assert abs(a[f"p_{name}"] - b[f"p_{name}"]) <= TOLERANCE
 
 
+@pytest.mark.slow
+def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_model, tmp_path):
+    """One parser process, big shards and batches, against two worker processes, small shards and batches
+    (parses ahead of the model): each run parses for itself (no shared cache), so Stanza really runs twice."""
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 60))
+    runs = {
+        "one": {"shard_size": 1000, "batch_size": 256, "parsing": {"workers": 1, "batch_size": 256}},
+        "many": {"shard_size": 7, "batch_size": 3, "parsing": {"workers": 2, "batch_size": 5}},
+    }
+    outputs = {}
+    for name, changes in runs.items():
+        changes["parsing"]["cache_path"] = None
+        chosen = settings(tmp_path, parser="stanza").replace(**changes)
+        summary = label(source, smoke_model.checkpoint, tmp_path / f"{name}.parquet", chosen)
+        assert summary.labelled == 60 and summary.parse_seconds > 0
+        outputs[name] = read_output(tmp_path / f"{name}.parquet")
+    first, second = outputs["one"], outputs["many"]
+    for name in ("pair_id", "label", "premise_tree", "hypothesis_tree"):
+        assert [row[name] for row in first] == [row[name] for row in second]
+    for a, b in zip(first, second, strict=True):
+        for name in LABELS:
+            assert abs(a[f"p_{name}"] - b[f"p_{name}"]) <= TOLERANCE
+
+
+def test_progress_bars_show_pairs_per_second_for_both_phases(smoke_model, tmp_path, capsys):
+    """Rows the reader or the parser rejects count too, so both bars end full."""
+    rows = smoke_pairs(smoke_model, 10)
+    rows[3]["premise"] = ""
+    source = write_rows(tmp_path / "pairs.jsonl", rows)
+    source.write_text(source.read_text() + '{"id": "broken", "premise": \n', encoding="utf-8")
+    summary = label(source, smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path), progress=True)
+    bars = capsys.readouterr().err
+    assert "parse: 100%" in bars and "model: 100%" in bars and "11/11" in bars and "pairs/s" in bars
+    assert summary.rejected == 2
+    assert summary.seconds > 0 and summary.pairs_per_second == pytest.approx(11 / summary.seconds)
+    assert any("end to end" in line for line in summary.report())
+
+
+def test_progress_logs_a_line_every_so_often_instead_of_bars(capsys):
+    from spinn.labeling.progress import LabelProgress, ShardShare
+
+    lines = []
+    progress = LabelProgress(10, bars=False, log=lines.append, every_s=0.0)
+    share = ShardShare(progress, 10)
+    share(3)  # three sentences parsed before the parser said how many it would parse
+    share.known(6)
+    share(3)
+    share.finish()
+    progress.labelled(10)
+    progress.close()
+    assert lines[-1].startswith("parse 10/10 (") and "model 10/10 (" in lines[-1] and "pairs/s" in lines[-1]
+    assert [line.split()[1] for line in lines[:3]] == ["5/10", "10/10", "10/10"]
+    assert capsys.readouterr().err == ""
+
+
 def is_reject_record(record: dict) -> bool:
     return record.keys() == REJECT_TYPES.keys() and all(
         isinstance(record[name], kind) for name, kind in REJECT_TYPES.items()
@@ -197,7 +252,7 @@ def test_a_registered_model_is_named_by_its_resolved_version(smoke_model, tmp_pa
     assert {row["model"] for row in read_output(tmp_path / "out.parquet")} == {"models:/label-test/1"}
 
 
-def label_command(source: Path, output: Path, smoke_model, tmp_path: Path) -> list[str]:
+def label_command(source: Path, output: Path, smoke_model, tmp_path: Path, workers: int = 1) -> list[str]:
     return [
         str(Path(sys.executable).parent / "spinn"),
         "label",
@@ -216,16 +271,22 @@ def label_command(source: Path, output: Path, smoke_model, tmp_path: Path) -> li
         str(stanza_dir()),
         "--parse-cache",
         str(tmp_path / "parses.sqlite"),
+        "--workers",
+        str(workers),
     ]
 
 
 @pytest.mark.slow
-def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path, workers):
+    """With two workers the kill also lands while they parse ahead; they go with the job."""
+    import psutil
+
     rows = smoke_pairs(smoke_model, 200)
     rows[7]["premise"] = ""  # one reject, so rejects are checked for exactness too
     source = write_rows(tmp_path / "pairs.jsonl", rows)
     output = tmp_path / "out.parquet"
-    command = label_command(source, output, smoke_model, tmp_path)
+    command = label_command(source, output, smoke_model, tmp_path, workers)
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env={**os.environ, "OMP_NUM_THREADS": "1"}
     )
@@ -234,8 +295,12 @@ def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path):
         assert process.poll() is None, process.stderr.read().decode()
         assert time.monotonic() < deadline
         time.sleep(POLL_S)
+    children = psutil.Process(process.pid).children(recursive=True)
+    assert len([child for child in children if "spawn" in " ".join(child.cmdline())]) == (workers if workers > 1 else 0)
     process.send_signal(signal.SIGKILL)
     process.wait()
+    gone, alive = psutil.wait_procs(children, timeout=30)
+    assert not alive, f"worker processes outlived the killed job: {alive}"
     assert not output.exists()
     done = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, check=False)
     assert done.returncode == 0, done.stderr

@@ -59,3 +59,17 @@ def test_outputs_are_named_after_the_input_without_its_suffix():
     from flows.label_pairs import _stem
 
     assert [_stem(Path(name)) for name in ("a.b.tsv.gz", "PAIRS.NDJSON", "pairs.tab")] == ["a.b", "PAIRS", "pairs"]
+
+
+def test_dask_workers_parse_in_their_own_process():
+    """A Dask worker is daemonic (no child processes) and is itself the parallelism: its labeller parses in it."""
+    from flows.label_pairs import _LABELLERS, _labeller
+    from spinn.labeling.label import LabelSettings
+
+    checkpoint = Path(__file__).parent / "fixtures" / "release-0.1.0" / "checkpoint.pt"
+    settings = LabelSettings(parser="model", device="cpu").replace(parsing={"workers": 4, "cache_path": None})
+    try:
+        labeller = _labeller(str(checkpoint), settings)
+        assert labeller.settings.parsing.workers == 1 and labeller.settings.threads == settings.threads
+    finally:
+        _LABELLERS.clear()

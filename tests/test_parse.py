@@ -299,3 +299,69 @@ def test_cuda_without_a_gpu_is_a_clear_error() -> None:
         pytest.skip("a CUDA GPU is present")
     with pytest.raises(SpinnError, match="cuda"):
         SentenceParser(ParserSettings(stanza_dir=STANZA_DIR, device="cuda", cache_path=None))
+
+
+# ---------------------------------------------------------------------- throughput: threads, batches, workers
+
+
+def test_without_a_cache_each_sentence_is_parsed_once_per_parser(parser: SentenceParser) -> None:
+    """No disk cache: a temporary one lives with the parser, so shards that share sentences parse them once."""
+    with _sharing_pipeline(parser, _settings(None)) as fresh:
+        fresh.parse(["A horse jumps a fence.", "A bird sings."])
+        again = fresh.parse(["A bird sings.", "A fish swims."])
+        assert (fresh.stats.parsed, fresh.stats.cache_hits) == (3, 1)
+        assert isinstance(again["A bird sings."], Parsed)
+    assert fresh._scratch is None  # the temporary cache went with the parser
+
+
+def test_stanza_runs_on_the_settings_threads_and_the_caller_keeps_its_own(
+    parser: SentenceParser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    seen = []
+    pipeline = parser._pipeline
+    original = pipeline.bulk_process
+
+    def counting(documents, *args, **kwargs):
+        seen.append(torch.get_num_threads())
+        return original(documents, *args, **kwargs)
+
+    with _sharing_pipeline(parser, _settings(None, threads=2)) as two, monkeypatch.context() as patch:
+        patch.setattr(pipeline, "bulk_process", counting)
+        torch.set_num_threads(1)
+        two.parse(["A child draws a house."])
+        assert seen == [2] and torch.get_num_threads() == 1
+
+
+def test_batches_are_length_sorted_and_cut_the_same_for_any_worker_count() -> None:
+    from spinn.parsing.parser import _batches
+
+    texts = ["a b c d", "a", "a b", "b", "a b c"]
+    assert list(_batches(texts, 2)) == [["a", "b"], ["a b", "a b c"], ["a b c d"]]
+    assert list(_batches(list(reversed(texts)), 2)) == list(_batches(texts, 2))
+
+
+def test_pretokenized_text_is_split_on_spaces_only_and_cached_apart(parser: SentenceParser, cache_path: Path) -> None:
+    text = "A dog 's ball rolls down-hill ."
+    with SentenceParser(_settings(cache_path, pretokenized=True)) as pretokenized:
+        result = _parsed(pretokenized.parse([text])[text])
+        assert result.tokens == text.split()
+        assert pretokenized.model_id != parser.model_id
+        assert "mwt_model_path" not in pretokenized._resolved().files  # no multi-word tokens to expand
+
+
+@pytest.mark.slow
+def test_worker_processes_give_the_same_trees_and_parse_each_sentence_once(parser: SentenceParser) -> None:
+    """Two workers, batches of two: the trees one process gives, and a sentence still in flight for an
+    earlier submit is taken from that submit, not parsed again."""
+    texts = list(_snli_premises(12))
+    alone = parser.parse(texts)
+    with SentenceParser(_settings(None, workers=2, batch_size=2)) as pool:
+        first = pool.submit(texts[:8])
+        second = pool.submit(texts[4:])
+        together = {**first.result(), **second.result()}
+        assert pool.stats.parsed == len(texts) and pool.stats.cache_hits == 0
+        assert pool.parse(texts[:3]) == {text: alone[text] for text in texts[:3]}  # now from its cache
+        assert pool.stats.parsed == len(texts)
+    assert together == alone

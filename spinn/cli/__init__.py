@@ -40,6 +40,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "label": ("spinn.cli.labeling", "label"),
     "trees": ("spinn.cli.labeling", "trees"),
     "bench": ("spinn.cli.benchmark", "bench"),
+    "bench-label": ("spinn.cli.benchmark", "bench_label"),
 }
 """Command -> (module, function): the only place that says which code a command runs."""
 

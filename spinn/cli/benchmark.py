@@ -1,12 +1,15 @@
-"""`spinn bench`: time training or inference steps."""
+"""`spinn bench`: time training or inference steps; `spinn bench-label`: time the label stage."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import click
 
 from spinn.bench import BenchSettings
+from spinn.cli.common import PATH
+from spinn.labeling.label import LabelSettings
 from spinn.options import field_options, given, resolve
 
 
@@ -39,3 +42,37 @@ def bench(as_json: bool, **options: Any) -> None:
         click.echo(
             f"{result['kernels_per_step']:.0f} kernels per step, GPU busy {result['gpu_busy_share']:.1%} of the time"
         )
+
+
+@click.command("bench-label")
+@click.argument("input_path", metavar="INPUT", type=PATH)
+@click.option("--model", "model_reference", required=True, help="Checkpoint path or MLflow model URI.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON line instead of a summary.")
+@field_options(LabelSettings)
+def bench_label(input_path: Path, model_reference: str, as_json: bool, **options: Any) -> None:
+    """Time `spinn label` on INPUT: parse, model and end-to-end pairs/s (no parse cache unless --parse-cache)."""
+    import json
+
+    from spinn.bench import run_label_bench
+
+    values = given(LabelSettings, options)
+    values.setdefault("parsing", {}).setdefault("cache_path", None)
+    result = run_label_bench(input_path, model_reference, resolve(LabelSettings, None, values))
+    if as_json:
+        click.echo(json.dumps(result))
+        return
+    rates = {
+        name: "-" if result[key] is None else f"{result[key]:.0f} pairs/s"
+        for name, key in (
+            ("parse", "parse_pairs_per_second"),
+            ("model", "model_pairs_per_second"),
+            ("end to end", "pairs_per_second"),
+        )
+    }
+    parsing = result["parsing"]
+    click.echo(
+        f"{result['rows']} pairs ({result['labelled']} labelled) in {result['seconds']:.1f} s on "
+        f"{result['device_name']} ({result['cpus']} cpus), parser {result['parser']} "
+        f"({parsing['workers']} workers x {parsing['threads']} threads, batch {parsing['batch_size']}), "
+        f"model threads {result['threads']}: " + ", ".join(f"{name} {rate}" for name, rate in rates.items())
+    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any, get_args
 
@@ -63,13 +64,21 @@ def parse(
 )
 @click.option("--output", type=click.Path(), callback=output_file, required=True, help="Predictions Parquet file.")
 @_no_parse_cache
+@click.option(
+    "--progress/--no-progress",
+    default=None,
+    help="Bars on stderr with pairs/s for the parse and model phases.  [default: when stderr is a terminal]",
+)
 @field_options(LabelSettings)
-def label(input_path: Path, model_reference: str, output: Path, no_parse_cache: bool, **options: Any) -> None:
+def label(
+    input_path: Path, model_reference: str, output: Path, no_parse_cache: bool, progress: bool | None, **options: Any
+) -> None:
     """Label sentence pairs with a trained model: label, probabilities and trees per row; resumable."""
     from spinn.labeling.label import label as label_stage
 
     settings = resolve(LabelSettings, None, _without_cache(given(LabelSettings, options), no_parse_cache))
-    summary = label_stage(input_path, model_reference, output, settings)
+    shown = sys.stderr.isatty() if progress is None else progress
+    summary = label_stage(input_path, model_reference, output, settings, progress=shown)
     click.echo("\n".join(summary.report()))
 
 

@@ -19,6 +19,13 @@ labelled or rejected, before it publishes anything.
 Shards are independent, so the Prefect flow runs them as tasks on a Dask
 cluster; every worker reads its shard from the parts folder beside the
 output (a shared filesystem when the cluster spans machines).
+
+Throughput: the parser is most of the time. Each distinct sentence is parsed
+once per run (the parse cache, or the parser's own temporary one), Stanza and
+the model run with few torch threads (`threads`, the parser's `threads`:
+threads that wait on each other on shared cores cost several times the work),
+and with parser `workers` the model labels shard k while the workers parse
+shard k+1.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -47,10 +54,11 @@ from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pai
 from spinn.data.vocab import unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError
 from spinn.io import LOCK_NAME, atomic_path, atomic_paths, file_digest, lock_folder, tidy_folder
+from spinn.labeling.progress import LabelProgress, ShardShare
 from spinn.model.batch import WIDTH_STEP, bucket_batches, make_batch, own_steps
 from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.parsing.parse import SENTENCES, TokenOnly
-from spinn.parsing.parser import Parsed, ParserSettings, SentenceParser, Unparsed
+from spinn.parsing.parser import Parsed, ParserSettings, SentenceParser, Unparsed, torch_threads
 from spinn.settings import Device, Settings
 from spinn.training.step import InferStep
 from spinn.trees.transitions import right_branching, transitions_to_tree
@@ -108,6 +116,8 @@ class LabelSettings(Settings):
     """Rows per shard: the unit of resuming and of parallel work."""
     device: Device = "auto"
     """Where the model runs; auto: the GPU when there is one."""
+    threads: int = Field(1, ge=1)
+    """torch threads for the model on CPU (more pay only on idle cores; the labels do not depend on it)."""
     columns: Columns = Columns()
     """Which columns hold the pair."""
     input_format: Format | None = Field(None, json_schema_extra={"cli": "--format"})
@@ -177,6 +187,13 @@ class LabelSummary:
     model_seconds: float
     tokens: int = 0
     unknown_tokens: int = 0
+    seconds: float = 0.0
+    """The whole run, wall clock: loading the model and the parser included."""
+
+    @property
+    def pairs_per_second(self) -> float | None:
+        """Rows done per second of the whole run, end to end (reused shards count as done)."""
+        return self.rows / self.seconds if self.seconds else None
 
     @property
     def oov_share(self) -> float | None:
@@ -203,7 +220,11 @@ class LabelSummary:
             lines.append(f"rejects listed in {self.rejects}")
         speeds = [
             f"{name} {rate:.0f} pairs/s"
-            for name, rate in (("parse", self.parse_pairs_per_second), ("model", self.model_pairs_per_second))
+            for name, rate in (
+                ("parse", self.parse_pairs_per_second),
+                ("model", self.model_pairs_per_second),
+                ("end to end", self.pairs_per_second),
+            )
             if rate
         ]
         if speeds:
@@ -376,15 +397,47 @@ def _jsonl(records: list[dict]) -> str:
 # ----------------------------------------------------------------------------- one shard
 
 
-def label_shard(plan: ShardPlan, index: int, labeller: Labeller) -> ShardResult:
-    """Label one shard unless a finished result is already there (its Parquet file is written last)."""
-    if plan.labels(index).is_file():
-        return _reused(plan, index)
+@dataclass
+class ShardParse:
+    """A shard's pairs and the parse of their sentences, started (`start_parse`) and maybe still running."""
+
+    pairs: list[dict]
+    pending: Any  # SentenceParser.submit's PendingParses, or TokenOnly's finished twin
+    share: ShardShare
+
+
+def start_parse(plan: ShardPlan, index: int, labeller: Labeller, progress: LabelProgress | None = None) -> ShardParse:
+    """Read the shard and hand its sentences to the parser; with parser workers this returns while they parse."""
     pairs = pq.read_table(plan.input_pairs(index)).to_pylist()
+    share = ShardShare(progress, len(pairs))
+    pending = labeller.parser.submit((pair[name] for pair in pairs for name in SENTENCES), share)
+    share.known(pending.to_parse)
+    return ShardParse(pairs, pending, share)
+
+
+def label_shard(
+    plan: ShardPlan,
+    index: int,
+    labeller: Labeller,
+    parse: ShardParse | None = None,
+    progress: LabelProgress | None = None,
+) -> ShardResult:
+    """Label one shard unless a finished result is already there (its Parquet file is written last).
+
+    `parse`: the shard's parse, if it was started earlier (see `label_shards`)."""
+    if plan.labels(index).is_file():
+        result = _reused(plan, index)
+        if progress is not None:
+            progress.skipped(len(shard_rows(plan, index)))
+        return result
+    parse = parse or start_parse(plan, index, labeller, progress)
     result = ShardResult(index)
-    trees, rejects = _sentence_trees(pairs, labeller, plan.input, result)
-    kept = [pair for pair in pairs if pair["row"] in trees]
-    rows = _predict(kept, trees, labeller, result)
+    trees, rejects = _sentence_trees(parse, plan.input, result)
+    if progress is not None:
+        progress.skipped(len(_lines(plan.input_rejects(index))))
+        progress.labelled(len(rejects))  # rejected by the parser: parsed, and never reach the model
+    kept = [pair for pair in parse.pairs if pair["row"] in trees]
+    rows = _predict(kept, trees, labeller, result, progress)
     result.labelled, result.rejected = len(rows), len(rejects)
     result.reasons = dict(Counter(reject["reason"] for reject in rejects))
     _write_jsonl(plan.label_rejects(index), rejects)
@@ -416,15 +469,14 @@ class _Sentence:
 
 
 def _sentence_trees(
-    pairs: list[dict], labeller: Labeller, source: str, result: ShardResult
+    parse: ShardParse, source: str, result: ShardResult
 ) -> tuple[dict[int, tuple[_Sentence, _Sentence]], list[dict]]:
     """Row -> (premise, hypothesis) ready for the model, and a reject for every row that is not."""
-    texts = [pair[name] for pair in pairs for name in SENTENCES]
-    start = time.perf_counter()
-    analysed = labeller.parser.parse(texts)
-    result.parse_seconds = time.perf_counter() - start
+    analysed = parse.pending.result()
+    parse.share.finish()
+    result.parse_seconds = parse.pending.seconds
     trees, rejects = {}, []
-    for pair in pairs:
+    for pair in parse.pairs:
         sentences = [analysed[pair[name]] for name in SENTENCES]
         failed = next(
             ((name, s) for name, s in zip(SENTENCES, sentences, strict=True) if isinstance(s, Unparsed)), None
@@ -452,7 +504,9 @@ def _transitions(sentence: _Sentence) -> tuple[int, ...]:
     return tuple(sentence.transitions or right_branching(len(sentence.tokens)))
 
 
-def _predict(pairs: list[dict], trees: dict, labeller: Labeller, result: ShardResult) -> list[dict]:
+def _predict(
+    pairs: list[dict], trees: dict, labeller: Labeller, result: ShardResult, progress: LabelProgress | None
+) -> list[dict]:
     """Run the model over the shard in length-sorted batches; the order of rows does not change any number."""
     if not pairs:
         return []
@@ -475,10 +529,14 @@ def _predict(pairs: list[dict], trees: dict, labeller: Labeller, result: ShardRe
     ran: list[tuple[int, ...] | None] = [None] * (2 * len(pairs))
     start = time.perf_counter()
     outputs = []  # kept on the device until the shard is done: one read back, not one per batch
-    for indices in bucket_batches(examples, labeller.settings.batch_size, shuffle=False):
-        batch = make_batch([examples[i] for i in indices], width_step=WIDTH_STEP).to(device, non_blocking=True)
-        output = labeller.infer(batch)
-        outputs.append((indices, torch.softmax(output.logits.float(), dim=1), output.transitions if predict else None))
+    with torch_threads(labeller.settings.threads):
+        for indices in bucket_batches(examples, labeller.settings.batch_size, shuffle=False):
+            batch = make_batch([examples[i] for i in indices], width_step=WIDTH_STEP).to(device, non_blocking=True)
+            output = labeller.infer(batch)
+            probabilities_on_device = torch.softmax(output.logits.float(), dim=1)
+            outputs.append((indices, probabilities_on_device, output.transitions if predict else None))
+            if progress is not None:
+                progress.labelled(len(indices))
     for indices, batch_probabilities, transitions in outputs:
         probabilities[indices] = batch_probabilities.cpu()  # (b, 3)
         if transitions is not None:
@@ -611,19 +669,55 @@ def rejects_file(output: Path) -> Path:
 
 
 def label(
-    input_path: Path, model_reference: str | Path, output: Path, settings: LabelSettings | None = None
+    input_path: Path,
+    model_reference: str | Path,
+    output: Path,
+    settings: LabelSettings | None = None,
+    *,
+    progress: bool = False,
 ) -> LabelSummary:
-    """Label every row of `input_path` with the model; resumable (see the module docstring)."""
+    """Label every row of `input_path` with the model; resumable (see the module docstring).
+
+    progress: bars on stderr with pairs/s for the parse and model phases."""
+    started = time.perf_counter()
     settings = settings or LabelSettings()
     check_output(output, _files_read(input_path, model_reference, settings))
     with hold_output(output):
         labeller = Labeller(model_reference, settings)
         try:
             plan = plan_shards(input_path, output, settings, labeller.fingerprint())
-            results = [label_shard(plan, index, labeller) for index in range(plan.shards)]
-            return merge_shards(plan, results, labeller.model_name, labeller.parser_name)
+            bars = LabelProgress(plan.rows) if progress else None
+            try:
+                results = label_shards(plan, labeller, bars)
+            finally:
+                if bars is not None:
+                    bars.close()
+            summary = merge_shards(plan, results, labeller.model_name, labeller.parser_name)
         finally:
             labeller.close()
+    summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def label_shards(plan: ShardPlan, labeller: Labeller, progress: LabelProgress | None = None) -> list[ShardResult]:
+    """Every shard in order; with parser workers, the next unfinished shard's parse starts before the model
+    labels this one, so the workers parse while the model runs (a sentence in both is parsed once)."""
+    ahead = labeller.settings.parsing.workers > 1 and labeller.parser_name == PARSER_STANZA
+    todo = [index for index in range(plan.shards) if not plan.labels(index).is_file()]
+    started: dict[int, ShardParse] = {}
+    results = []
+    busy_until = 0.0
+    for index in range(plan.shards):
+        if ahead and index in todo:
+            for upcoming in todo[todo.index(index) : todo.index(index) + 2]:
+                if upcoming not in started:
+                    started[upcoming] = start_parse(plan, upcoming, labeller, progress)
+        parse = started.pop(index, None)
+        results.append(label_shard(plan, index, labeller, parse, progress))
+        if parse is not None:  # parses run back to back in the workers: count each second once
+            results[-1].parse_seconds = parse.pending.seconds_after(busy_until)
+            busy_until = parse.pending.finished_at
+    return results
 
 
 def _files_read(input_path: Path, model_reference: str | Path, settings: LabelSettings) -> dict[str, Path]:

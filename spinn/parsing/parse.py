@@ -10,7 +10,9 @@ rerun, or an overlapping corpus, parse nothing twice.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Literal
@@ -32,6 +34,25 @@ CHUNK_PAIRS = 10_000
 SENTENCES = ("premise", "hypothesis")
 
 
+@dataclass(frozen=True)
+class Tokenized:
+    """TokenOnly's finished `submit`: the same `result()`, `seconds` and `to_parse` as a PendingParses."""
+
+    results: dict[str, Parsed | Unparsed]
+    seconds: float
+    to_parse: int
+
+    def result(self) -> dict[str, Parsed | Unparsed]:
+        return self.results
+
+    def seconds_after(self, moment: float) -> float:
+        return self.seconds
+
+    @property
+    def finished_at(self) -> float:
+        return 0.0
+
+
 class TokenOnly:
     """The no-parser stand-in for SentenceParser: tokens (spinn.data.sentence_pairs.simple_tokenize) and no tree.
 
@@ -46,6 +67,14 @@ class TokenOnly:
 
     def parse(self, sentences: Iterable[str]) -> dict[str, Parsed | Unparsed]:
         return {text: self._tokens(text) for text in sentences}
+
+    def submit(self, sentences: Iterable[str], progress: Callable[[int], None] | None = None) -> Tokenized:
+        """SentenceParser.submit's twin: tokenizing is quick, so the result is ready at once."""
+        started = time.perf_counter()
+        results = self.parse(sentences)
+        if progress is not None:
+            progress(len(results))
+        return Tokenized(results, time.perf_counter() - started, len(results))
 
     def _tokens(self, text: str) -> Parsed | Unparsed:
         tokens = simple_tokenize(text)
