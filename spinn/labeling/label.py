@@ -221,7 +221,7 @@ class LabelSummary:
         speeds = [
             f"{name} {rate:.0f} pairs/s"
             for name, rate in (
-                ("parse", self.parse_pairs_per_second),
+                ("parse" if self.parser == PARSER_STANZA else "tokenize", self.parse_pairs_per_second),
                 ("model", self.model_pairs_per_second),
                 ("end to end", self.pairs_per_second),
             )
