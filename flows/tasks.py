@@ -8,6 +8,7 @@ Results are stored as JSON, never pickled.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -38,15 +39,20 @@ def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
     return bool(getattr(error, "retryable", False))
 
 
-def say_how_to_fix(_task: Task, _run: TaskRun, state: State) -> None:
-    """Log what would mend a failed download in the flow's words (`corpus.download.checksum`), not the CLI's."""
-    from prefect.logging import get_run_logger
+def say_how_to_fix(parameter: str) -> Callable[[Task, TaskRun, State], None]:
+    """An on_failure hook that logs what would mend the failure in the flow's words (`corpus.download.checksum`,
+    `training.resume`), not the CLI's; `parameter` is where the stage's settings sit in the flow's parameters."""
 
-    from spinn.errors import advice
+    def hook(_task: Task, _run: TaskRun, state: State) -> None:
+        from prefect.logging import get_run_logger
 
-    fix = advice(state.result(raise_on_failure=False), lambda setting: f"corpus.download.{setting}")
-    if fix:
-        get_run_logger().error(f"to fix it: {fix}")
+        from spinn.errors import advice
+
+        fix = advice(state.result(raise_on_failure=False), lambda setting: f"{parameter}.{setting}")
+        if fix:
+            get_run_logger().error(f"to fix it: {fix}")
+
+    return hook
 
 
 @task(
@@ -56,7 +62,7 @@ def say_how_to_fix(_task: Task, _run: TaskRun, state: State) -> None:
     retry_delay_seconds=DOWNLOAD_RETRY_DELAYS_S,
     retry_condition_fn=retryable,
     cache_key_fn=cache_on("settings.file"),
-    on_failure=[say_how_to_fix],
+    on_failure=[say_how_to_fix("corpus.download")],
     **RESULTS,
 )
 def download_stage(raw_dir: Path, settings: DownloadSettings) -> StageOutput:
@@ -104,7 +110,14 @@ def embeddings_stage(vocab: Path, settings: EmbeddingSettings, cache_dir: Path) 
     return StageOutput.of(summary, report.cache_path)
 
 
-@task(name="train", task_run_name="train", cache_key_fn=cache_on("train", "dev", "vocab"), log_prints=True, **RESULTS)
+@task(
+    name="train",
+    task_run_name="train",
+    cache_key_fn=cache_on("train", "dev", "vocab"),
+    log_prints=True,
+    on_failure=[say_how_to_fix("training")],
+    **RESULTS,
+)
 def train_stage(
     train: Path,
     dev: Path,

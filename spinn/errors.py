@@ -15,9 +15,15 @@ class SpinnError(Exception):
 
     `fix`, when set, is (setting, advice): the setting that would mend it and what to do, with `{}` where
     each front end names that setting in its own words (`--checksum` on the command line,
-    `corpus.download.checksum` in a flow), so neither speaks the other's language."""
+    `corpus.download.checksum` in a flow), so neither speaks the other's language. The setting may be a
+    tuple of settings, named in the order of the advice's `{}`s."""
 
-    fix: tuple[str, str] | None = None
+    fix: tuple[str | tuple[str, ...], str] | None = None
+
+    def __init__(self, message: str, *, fix: tuple[str | tuple[str, ...], str] | None = None) -> None:
+        super().__init__(message)
+        if fix is not None:
+            self.fix = fix
 
 
 class SpinnWarning(UserWarning):
@@ -32,7 +38,10 @@ def one_line(error: BaseException) -> str:
 def advice(error: BaseException, name: Callable[[str], str]) -> str | None:
     """The error's fix in a front end's words (`name` turns a setting into an option or a parameter)."""
     fix = getattr(error, "fix", None)
-    return None if fix is None else fix[1].format(name(fix[0]))
+    if fix is None:
+        return None
+    settings, words = fix
+    return words.format(*map(name, (settings,) if isinstance(settings, str) else settings))
 
 
 def option_name(setting: str) -> str:

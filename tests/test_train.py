@@ -16,7 +16,7 @@ import torch
 
 from spinn.data.prepare import prepare
 from spinn.data.vocab import Vocabulary, vocab_stage
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, advice, option_name
 from spinn.model.checkpoint import load_checkpoint, save_checkpoint
 from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings, evaluate
@@ -389,13 +389,21 @@ def short_run(prepared: Path, output_dir: Path, **options):
 def test_a_new_run_refuses_a_folder_holding_an_earlier_run_unless_told_to_overwrite(prepared, workdir):
     first = short_run(prepared, workdir / "m", max_steps=3)
     before = {name: (workdir / "m" / name).read_bytes() for name in ("last.pt", "best.pt")}
-    with pytest.raises(SpinnError, match=r"m: holds last\.pt, best\.pt of an earlier run; .*--resume.*--overwrite"):
+    with pytest.raises(SpinnError, match=r"m: holds last\.pt, best\.pt of an earlier run") as refused:
         short_run(prepared, workdir / "m")
+    assert advice(refused.value, option_name) == (
+        "continue it with --resume, replace it with --overwrite, or choose another output folder"
+    )
+    assert "--" not in str(refused.value)  # the library names settings; each front end words them
     assert {name: (workdir / "m" / name).read_bytes() for name in before} == before
     replaced = short_run(prepared, workdir / "m", overwrite=True)
     assert replaced.run_id != first.run_id and load_checkpoint(workdir / "m" / "last.pt")["step"] == 2
-    with pytest.raises(SpinnError, match="give one"):
+    with pytest.raises(SpinnError, match="resume continues the run there and overwrite replaces it") as both:
         short_run(prepared, workdir / "m", resume=True, overwrite=True)
+    assert (
+        advice(both.value, lambda setting: f"training.{setting}")
+        == "give training.resume or training.overwrite, not both"
+    )
 
 
 def test_the_command_refuses_a_folder_holding_an_earlier_run_in_one_line(prepared, workdir):
@@ -409,6 +417,7 @@ def test_the_command_refuses_a_folder_holding_an_earlier_run_in_one_line(prepare
     result = CliRunner().invoke(main, ["train", *data, *tiny, "--output-dir", str(workdir / "m"), "--no-register"])
     assert result.exit_code == 1 and result.stderr.count("\n") == 1
     assert result.stderr.startswith(f"error: {workdir / 'm'}: holds last.pt, best.pt of an earlier run")
+    assert "continue it with --resume, replace it with --overwrite" in result.stderr
     overwritten = CliRunner().invoke(
         main, ["train", *data, *tiny, "--set=max_steps=1", "--output-dir", str(workdir / "m"), "--overwrite"]
     )

@@ -738,7 +738,7 @@ def check_output(output: Path, reads: dict[str, Path]) -> None:
     output = Path(output)
     if output.is_dir():
         example = output / "labels.parquet"
-        raise SpinnError(f"{output}: names a folder; --output is the predictions file, e.g. {example}")
+        raise SpinnError(f"{output}: names a folder", fix=("output", f"{{}} is the predictions file, e.g. {example}"))
     written, parts = (output, rejects_file(output)), parts_folder(output).resolve()
     for role, path in reads.items():
         if any(_same_file(path, target) for target in written) or parts in path.resolve().parents:

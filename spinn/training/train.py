@@ -178,7 +178,10 @@ def train(
     if output_dir is None:
         output_dir = run_folder(RUNS_DIR, config, Path(train_path), Path(dev_path), vocab_path)
     if resume and overwrite:
-        raise SpinnError(f"{output_dir}: --resume continues the run there and --overwrite replaces it; give one")
+        raise SpinnError(
+            f"{output_dir}: resume continues the run there and overwrite replaces it",
+            fix=(("resume", "overwrite"), "give {} or {}, not both"),
+        )
     topology = Topology.from_environment()
     if config.processes > 1 and not topology.distributed:
         arguments = dict(vocab_path=vocab_path, embeddings_dir=embeddings_dir, run_name=run_name, register=register)
@@ -316,8 +319,8 @@ def _check_folder(output_dir: Path, told: bool, tracking) -> None:
     found = [name for name in (LAST_CHECKPOINT, BEST_CHECKPOINT) if (output_dir / name).exists()]
     if found and not told:  # a new run would replace them, however much better the earlier run was
         raise SpinnError(
-            f"{output_dir}: holds {', '.join(found)} of an earlier run; continue it with --resume, "
-            "replace it with --overwrite, or choose another output folder"
+            f"{output_dir}: holds {', '.join(found)} of an earlier run",
+            fix=(("resume", "overwrite"), "continue it with {}, replace it with {}, or choose another output folder"),
         )
     tracking.check_writable()
 
