@@ -68,8 +68,8 @@ class DownloadError(SpinnError):
 
     def __init__(self, message: str, *, retryable: bool = False, fix: tuple[str, str] | None = None) -> None:
         """Collapse any whitespace run so messages quoting server text stay one line."""
-        super().__init__(" ".join(message.split()))
-        self.retryable, self.fix = retryable, fix
+        super().__init__(" ".join(message.split()), fix=fix)
+        self.retryable = retryable
 
 
 @dataclass(frozen=True)
