@@ -87,6 +87,13 @@ def atomic_path(final: Path) -> Iterator[Path]:
         temporary.unlink(missing_ok=True)
 
 
+def write_json(final: Path, data: dict) -> None:
+    """`data` as indented JSON with a final newline, published atomically (metrics and reports people and
+    DVC read)."""
+    with atomic_path(final) as temporary:
+        temporary.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+
+
 def _new_temporary(final: Path) -> Path:
     """An empty file beside `final`, named for it, this process and this host, with the mode open() gives."""
     final = Path(final)

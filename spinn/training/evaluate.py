@@ -12,7 +12,6 @@ periodic dev evaluation.
 from __future__ import annotations
 
 import csv
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +26,7 @@ from spinn.data.pairs import Example, encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError
-from spinn.io import atomic_path
+from spinn.io import atomic_path, write_json
 from spinn.model.batch import PAD_TRANSITION, WIDTH_STEP, bucket_batches, make_batch, own_steps
 from spinn.model.checkpoint import check_vocabulary
 from spinn.model.config import SPINNConfig
@@ -182,8 +181,8 @@ def evaluate(
         "variant": loaded.model.config.variant,
         "transitions": "predicted" if predict else "gold",
     }
-    _write_json(Path(output), metrics.summary())
-    _write_json(report_path(Path(output)), {**metrics.to_json(), **provenance})
+    write_json(Path(output), metrics.summary())
+    write_json(report_path(Path(output)), {**metrics.to_json(), **provenance})
     if plot is not None:
         plot_confusion(metrics, plot, title=f"{loaded.model.config.variant} on {Path(data).name}")
     if predictions is not None:
@@ -197,11 +196,6 @@ def evaluate(
 def report_path(output: Path) -> Path:
     """Beside the metrics file, the whole report: `test.json` -> `test_report.json`."""
     return output.with_name(f"{output.stem}_report{output.suffix}")
-
-
-def _write_json(path: Path, data: dict) -> None:
-    with atomic_path(path) as temporary:
-        temporary.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n", encoding="utf-8")
 
 
 def write_predictions(found: Predictions, path: Path) -> Path:

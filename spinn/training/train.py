@@ -43,7 +43,7 @@ from spinn.data.embeddings import DEFAULT_CACHE_DIR, load_settings_embeddings
 from spinn.data.pairs import Example
 from spinn.data.vocab import VOCAB_FILENAME, Vocabulary
 from spinn.errors import SpinnError
-from spinn.io import FolderLock, atomic_path, file_digest, lock_folder, tidy_folder
+from spinn.io import FolderLock, atomic_path, file_digest, lock_folder, tidy_folder, write_json
 from spinn.model.batch import bucket_batches
 from spinn.model.checkpoint import check_vocabulary, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
 from spinn.model.config import SPINNConfig
@@ -753,8 +753,7 @@ def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, P
         "steps": result.steps,
     }
     paths = (metrics_dir / TRAIN_METRICS_NAME, metrics_dir / TRAIN_CURVE_NAME, metrics_dir / DEV_CURVE_NAME)
-    with atomic_path(paths[0]) as temporary:
-        temporary.write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    write_json(paths[0], summary)
     history = tracking.metric_history(result.run_id, [*TRAIN_CURVE_KEYS, *DEV_CURVE_KEYS])
     _write_curve(paths[1], TRAIN_CURVE_KEYS, history)
     _write_curve(paths[2], [key for key in DEV_CURVE_KEYS if history[key]], history)
