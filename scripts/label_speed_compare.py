@@ -9,7 +9,7 @@ whole command: start-up, model and parser loading, parsing, labelling). It
 then checks that every run gave the same label and the same trees on every
 row, and prints each run, the medians and the speed-up, and one JSON line.
 
-    .venv/bin/python scripts/label_speed_compare.py --pairs 1000 --rounds 2 --new-args "--workers 2"
+    .venv/bin/python scripts/label_speed_compare.py --pairs 1000 --rounds 3 --new-args "--workers 1"
 
 The model defaults to tests/fixtures/release-0.1.0/checkpoint.pt, a
 checkpoint written by release 0.1.0, so the run also shows that old

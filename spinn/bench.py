@@ -395,6 +395,7 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
     settings = settings or LabelSettings().replace(parsing={"cache_path": None})
     with tempfile.TemporaryDirectory(prefix="spinn-bench-label-") as folder:
         summary = label(Path(input_path), model, Path(folder) / "labels.parquet", settings)
+    used = settings.replace(parsing={"workers": summary.parser_workers})  # auto, decided
     return {
         "parse_pairs_per_second": summary.parse_pairs_per_second,
         "model_pairs_per_second": summary.model_pairs_per_second,
@@ -409,7 +410,7 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
         "input": str(input_path),
         "model": summary.model,
         "parser": summary.parser,
-        **settings.to_dict(),
+        **used.to_dict(),
         "device_name": _device_name("cuda" if torch.cuda.is_available() and settings.device != "cpu" else "cpu"),
         "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,

@@ -17,14 +17,15 @@ import types
 from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
-from typing import Any, ClassVar, Literal, Self, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, WithJsonSchema, create_model
 
 from spinn.errors import SpinnError
 
 DEFAULT_PARAMS = Path("params.yaml")
+AUTO = "auto"
 Device = Literal["auto", "cpu", "cuda"]
 """Where torch runs; auto: the GPU when there is one."""
 
@@ -89,6 +90,26 @@ def env_default(variable: str) -> Callable[[], str | None]:
 
     read.variable = variable  # type: ignore[attr-defined]  (the CLI's help names it)
     return read
+
+
+def count_or_auto(unit: str) -> Any:
+    """The type of a setting that is a count (at least 1) of `unit` or "auto" (decided where the run
+    knows its machine), with one clear message for anything else."""
+
+    def check(value: Any) -> int | str:
+        if value == AUTO:
+            return AUTO
+        if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
+            raise ValueError(f"must be a number of {unit} or {AUTO!r} (got {value!r})")
+        if int(value) < 1:
+            raise ValueError(f"must be at least 1 (got {value!r})")
+        return int(value)
+
+    return Annotated[
+        int | Literal["auto"],
+        PlainValidator(check),
+        WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": AUTO}]}),
+    ]
 
 
 def deep_merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:

@@ -76,7 +76,7 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
 
 
 def settings(tmp_path: Path, **overrides) -> LabelSettings:
-    parsing = ParserSettings(stanza_dir=stanza_dir(), cache_path=tmp_path / "parses.sqlite", device="cpu")
+    parsing = ParserSettings(stanza_dir=stanza_dir(), cache_path=tmp_path / "parses.sqlite", device="cpu", workers=1)
     return LabelSettings(**{"parsing": parsing, "device": "cpu", **overrides})
 
 
@@ -109,7 +109,7 @@ def test_stanza_trees_feed_the_model_and_are_recorded(smoke_model, tmp_path):
         write_rows(tmp_path / "pairs.jsonl", rows), smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path)
     )
     labelled = read_output(tmp_path / "out.parquet")
-    parser = SentenceParser(ParserSettings(stanza_dir=stanza_dir(), cache_path=tmp_path / "parses.sqlite"))
+    parser = SentenceParser(ParserSettings(stanza_dir=stanza_dir(), cache_path=tmp_path / "parses.sqlite", workers=1))
     parsed = parser.parse(row["premise"] for row in rows)
     assert parser.stats.parsed == 0  # the labelling run cached every parse
     parser.close()
@@ -150,6 +150,8 @@ def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_mo
         chosen = settings(tmp_path, parser="stanza").replace(**changes)
         summary = label(source, smoke_model.checkpoint, tmp_path / f"{name}.parquet", chosen)
         assert summary.labelled == 60 and summary.parse_seconds > 0
+        assert summary.parser_workers == changes["parsing"]["workers"]
+        assert ("2 workers" in summary.report()[-1]) == (name == "many")
         outputs[name] = read_output(tmp_path / f"{name}.parquet")
     first, second = outputs["one"], outputs["many"]
     for name in ("pair_id", "label", "premise_tree", "hypothesis_tree"):
@@ -209,7 +211,9 @@ def test_bad_rows_are_listed_with_reasons_while_good_rows_are_labelled(smoke_mod
     ]  # duplicate id
     source = tmp_path / "pairs.jsonl"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    parsing = ParserSettings(stanza_dir=stanza_dir(), cache_path=tmp_path / "p.sqlite", device="cpu", max_tokens=20)
+    parsing = ParserSettings(
+        stanza_dir=stanza_dir(), cache_path=tmp_path / "p.sqlite", device="cpu", max_tokens=20, workers=1
+    )
     summary = label(
         source, smoke_model.checkpoint, tmp_path / "out.parquet", LabelSettings(parsing=parsing, device="cpu")
     )
@@ -296,7 +300,8 @@ def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path, 
         assert time.monotonic() < deadline
         time.sleep(POLL_S)
     children = psutil.Process(process.pid).children(recursive=True)
-    assert len([child for child in children if "spawn" in " ".join(child.cmdline())]) == (workers if workers > 1 else 0)
+    parsers = [child for child in children if "resource_tracker" not in " ".join(child.cmdline())]
+    assert len(parsers) == (workers if workers > 1 else 0)
     process.send_signal(signal.SIGKILL)
     process.wait()
     gone, alive = psutil.wait_procs(children, timeout=30)

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,7 +36,7 @@ MIN_TOKEN_AGREEMENT = 0.9
 def _settings(cache: Path | None, **changes) -> ParserSettings:
     if not STANZA_DIR.is_dir():
         pytest.skip(f"the offline Stanza models {STANZA_DIR} are absent (../shared is not beside this checkout)")
-    return ParserSettings(stanza_dir=STANZA_DIR, device="cpu", cache_path=cache, **changes)
+    return ParserSettings(stanza_dir=STANZA_DIR, device="cpu", cache_path=cache, **{"workers": 1, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -338,8 +340,8 @@ def test_batches_are_length_sorted_and_cut_the_same_for_any_worker_count() -> No
     from spinn.parsing.parser import _batches
 
     texts = ["a b c d", "a", "a b", "b", "a b c"]
-    assert list(_batches(texts, 2)) == [["a", "b"], ["a b", "a b c"], ["a b c d"]]
-    assert list(_batches(list(reversed(texts)), 2)) == list(_batches(texts, 2))
+    assert _batches(texts, 2) == [["a b c d"], ["a b", "a b c"], ["a", "b"]]  # the longest go out first
+    assert _batches(list(reversed(texts)), 2) == _batches(texts, 2)
 
 
 def test_pretokenized_text_is_split_on_spaces_only_and_cached_apart(parser: SentenceParser, cache_path: Path) -> None:
@@ -352,9 +354,15 @@ def test_pretokenized_text_is_split_on_spaces_only_and_cached_apart(parser: Sent
 
 
 @pytest.mark.slow
-def test_worker_processes_give_the_same_trees_and_parse_each_sentence_once(parser: SentenceParser) -> None:
-    """Two workers, batches of two: the trees one process gives, and a sentence still in flight for an
-    earlier submit is taken from that submit, not parsed again."""
+def test_spawned_workers_give_the_same_trees_and_parse_each_sentence_once(
+    parser: SentenceParser, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two workers, batches of two, spawned (as in a Prefect or Dask process, which runs other threads):
+    the trees one process gives, and a sentence still in flight for an earlier submit is taken from that
+    submit, not parsed again."""
+    from spinn.parsing import parser as parser_module
+
+    monkeypatch.setattr(parser_module, "_can_fork", lambda use_gpu: False)
     texts = list(_snli_premises(12))
     alone = parser.parse(texts)
     with SentenceParser(_settings(None, workers=2, batch_size=2)) as pool:
@@ -364,4 +372,77 @@ def test_worker_processes_give_the_same_trees_and_parse_each_sentence_once(parse
         assert pool.stats.parsed == len(texts) and pool.stats.cache_hits == 0
         assert pool.parse(texts[:3]) == {text: alone[text] for text in texts[:3]}  # now from its cache
         assert pool.stats.parsed == len(texts)
+        assert pool._pool is not None and pool._pool._mp_context.get_start_method() == "spawn"
     assert together == alone
+
+
+FORKED_PARSE = """
+import json, os, sys
+from spinn.parsing import parser as module
+
+build = module._build_pipeline
+def build_and_log(*args):
+    with open(sys.argv[2], "a") as log:
+        log.write(f"{os.getpid()}\\n")
+    return build(*args)
+module._build_pipeline = build_and_log
+settings = module.ParserSettings(stanza_dir=sys.argv[1], device="cpu", cache_path=None, workers=2, batch_size=2)
+with module.SentenceParser(settings) as parser:
+    results = parser.parse(json.loads(sys.stdin.read()))
+    method = parser._pool._mp_context.get_start_method()
+print(json.dumps({"pid": os.getpid(), "method": method, "trees": {t: r.binary_parse for t, r in results.items()}}))
+"""
+
+
+@pytest.mark.slow
+def test_workers_fork_from_a_single_threaded_caller_that_loaded_stanza_once(
+    parser: SentenceParser, tmp_path: Path
+) -> None:
+    """What `spinn label --workers 2` does on the CPU: Stanza loads in the caller only, the workers are forked
+    from it with the models loaded, and give the trees one process gives."""
+    texts = list(_snli_premises(12))
+    alone = parser.parse(texts)
+    loads = tmp_path / "loads.txt"
+    done = subprocess.run(
+        [sys.executable, "-c", FORKED_PARSE, str(STANZA_DIR), str(loads)],
+        input=json.dumps(texts),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["method"] == "fork"
+    assert loads.read_text().split() == [str(result["pid"])]  # loaded once, by the caller
+    assert result["trees"] == {text: alone[text].binary_parse for text in texts}
+
+
+def test_workers_are_a_count_or_auto() -> None:
+    assert ParserSettings().workers == "auto"
+    assert ParserSettings(workers="3").workers == 3
+    for bad in (0, -1, "many", True, 1.5):
+        with pytest.raises(ValueError, match="number of processes|at least 1"):
+            ParserSettings(workers=bad)
+
+
+def test_auto_workers_are_one_per_usable_core_on_the_cpu_and_one_on_the_gpu() -> None:
+    from spinn.parsing.parser import _resolve_workers
+
+    assert _resolve_workers("auto", use_gpu=False) == len(os.sched_getaffinity(0))
+    assert _resolve_workers("auto", use_gpu=True) == 1
+    assert _resolve_workers(3, use_gpu=True) == 3
+
+
+def test_workers_are_not_forked_beside_another_thread_or_for_the_gpu() -> None:
+    from spinn.parsing.parser import _can_fork
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        assert not _can_fork(use_gpu=False)
+    finally:
+        stop.set()
+        other.join()
+    assert not _can_fork(use_gpu=True)

@@ -189,6 +189,8 @@ class LabelSummary:
     unknown_tokens: int = 0
     seconds: float = 0.0
     """The whole run, wall clock: loading the model and the parser included."""
+    parser_workers: int = 1
+    """Parser processes the run used (the parser settings' workers, auto decided)."""
 
     @property
     def pairs_per_second(self) -> float | None:
@@ -231,7 +233,8 @@ class LabelSummary:
             lines.append(f"throughput (work done in this run): {', '.join(speeds)}")
         if self.oov_share is not None:
             lines.append(f"out of the model's vocabulary: {self.oov_share:.1%} of tokens")
-        lines.append(f"model {self.model}, parser {self.parser}")
+        workers = f" ({self.parser_workers} workers)" if self.parser_workers > 1 else ""
+        lines.append(f"model {self.model}, parser {self.parser}{workers}")
         return lines
 
 
@@ -693,6 +696,7 @@ def label(
                 if bars is not None:
                     bars.close()
             summary = merge_shards(plan, results, labeller.model_name, labeller.parser_name)
+            summary.parser_workers = labeller.parser.workers
         finally:
             labeller.close()
     summary.seconds = time.perf_counter() - started
@@ -702,7 +706,7 @@ def label(
 def label_shards(plan: ShardPlan, labeller: Labeller, progress: LabelProgress | None = None) -> list[ShardResult]:
     """Every shard in order; with parser workers, the next unfinished shard's parse starts before the model
     labels this one, so the workers parse while the model runs (a sentence in both is parsed once)."""
-    ahead = labeller.settings.parsing.workers > 1 and labeller.parser_name == PARSER_STANZA
+    ahead = labeller.parser.workers > 1
     todo = [index for index in range(plan.shards) if not plan.labels(index).is_file()]
     started: dict[int, ShardParse] = {}
     results = []

@@ -19,6 +19,13 @@ from tqdm import tqdm
 LOG_EVERY_S = 30.0
 
 
+class _Bar(tqdm):
+    """tqdm without its monitor thread (it only retunes redraw intervals; our bars move once per batch), so
+    the process stays single-threaded and the parser may fork its workers (spinn.parsing.parser)."""
+
+    monitor_interval = 0
+
+
 class LabelProgress:
     """Pairs through the parse and model phases of a run of `total` rows."""
 
@@ -33,7 +40,7 @@ class LabelProgress:
         self._shown = {"parse": 0, "model": 0}  # whole pairs on the bars (a shard's share may be fractional)
         self._bars = (
             {
-                phase: tqdm(
+                phase: _Bar(
                     total=total, desc=phase, unit=" pairs", position=position, file=sys.stderr, dynamic_ncols=True
                 )
                 for position, phase in enumerate(self._counts)

@@ -61,6 +61,7 @@ class TokenOnly:
     """
 
     model_id = TREES_NONE
+    workers = 1  # tokenizes in this process
 
     def __init__(self, max_tokens: int) -> None:
         self.max_tokens = max_tokens

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import Field, PlainValidator, WithJsonSchema, model_validator
+from pydantic import Field, model_validator
 
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.model.config import PRESETS, VARIANTS, SPINNConfig
-from spinn.settings import Device, Settings, deep_merge, params_section
+from spinn.settings import AUTO, Device, Settings, count_or_auto, deep_merge, params_section
 from spinn.training.step import Schedule
 
 # Bowman et al. 2016, appendix table of tuned hyperparameters (300D models): initial
@@ -38,7 +38,6 @@ PAPER_MODELS: dict[str, str] = {
     "rl": "rl-300d",
 }
 DEFAULT_VARIANT = "pi"
-AUTO = "auto"
 REFERENCE_BATCH_SIZE = 32
 """The paper's batch size, at which its learning rates and decay interval were tuned."""
 GPU_BATCH_SIZE = 256
@@ -48,22 +47,7 @@ FROM_VARIANT = {"default_from": "the paper's value for the variant"}
 """Marks fields whose default depends on model.variant (the CLI's help says so)."""
 
 
-def _batch_size(value: Any) -> int | str:
-    """A number of pairs (at least 1) or "auto"; one clear message for anything else."""
-    if value == AUTO:
-        return AUTO
-    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).strip().isdigit():
-        raise ValueError(f"must be a number of pairs or {AUTO!r} (got {value!r})")
-    if int(value) < 1:
-        raise ValueError(f"must be at least 1 (got {value!r})")
-    return int(value)
-
-
-BatchSize = Annotated[
-    int | Literal["auto"],
-    PlainValidator(_batch_size),
-    WithJsonSchema({"anyOf": [{"type": "integer", "minimum": 1}, {"const": AUTO}]}),
-]
+BatchSize = count_or_auto("pairs")
 
 
 class TrainConfig(Settings):
