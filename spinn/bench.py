@@ -391,11 +391,13 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
     import tempfile
 
     from spinn.labeling.label import LabelSettings, label
+    from spinn.parsing.parser import decided
 
     settings = settings or LabelSettings().replace(parsing={"cache_path": None})
     with tempfile.TemporaryDirectory(prefix="spinn-bench-label-") as folder:
         summary = label(Path(input_path), model, Path(folder) / "labels.parquet", settings)
-    used = settings.replace(parsing={"workers": summary.parser_workers})  # auto, decided
+    parsing = decided(settings.parsing).replace(workers=summary.parser_workers)  # what ran, auto decided
+    used = settings.replace(parsing=parsing.to_dict())
     return {
         "parse_pairs_per_second": summary.parse_pairs_per_second,
         "model_pairs_per_second": summary.model_pairs_per_second,

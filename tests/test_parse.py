@@ -426,12 +426,17 @@ def test_workers_are_a_count_or_auto() -> None:
             ParserSettings(workers=bad)
 
 
-def test_auto_workers_are_one_per_usable_core_on_the_cpu_and_one_on_the_gpu() -> None:
-    from spinn.parsing.parser import _resolve_workers
+def test_auto_is_one_worker_per_usable_core_on_the_cpu_and_one_with_a_larger_batch_on_the_gpu() -> None:
+    from spinn.parsing.parser import CPU_BATCH_SIZE, GPU_BATCH_SIZE, _decided, decided
 
-    assert _resolve_workers("auto", use_gpu=False) == len(os.sched_getaffinity(0))
-    assert _resolve_workers("auto", use_gpu=True) == 1
-    assert _resolve_workers(3, use_gpu=True) == 3
+    cores = len(os.sched_getaffinity(0))
+    on_cpu = decided(ParserSettings(device="cpu"))
+    assert (on_cpu.workers, on_cpu.batch_size) == (cores, CPU_BATCH_SIZE)
+    on_gpu = _decided(ParserSettings(), use_gpu=True)
+    assert (on_gpu.workers, on_gpu.batch_size) == (1, GPU_BATCH_SIZE)
+    given = _decided(ParserSettings(workers=3, batch_size=7), use_gpu=True)
+    assert (given.workers, given.batch_size) == (3, 7)
+    assert SentenceParser(ParserSettings(device="cpu", cache_path=None)).workers == cores
 
 
 def test_workers_are_not_forked_beside_another_thread_or_for_the_gpu() -> None:
