@@ -7,6 +7,7 @@ answers for another test.
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import os
@@ -14,6 +15,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -416,6 +418,29 @@ def test_workers_fork_from_a_single_threaded_caller_that_loaded_stanza_once(
     assert result["method"] == "fork"
     assert loads.read_text().split() == [str(result["pid"])]  # loaded once, by the caller
     assert result["trees"] == {text: alone[text].binary_parse for text in texts}
+
+
+def test_objects_frozen_for_a_parse_are_collectable_again_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A closed parser's models must not leak: Stanza's pipeline and processors refer to each other."""
+    from spinn.parsing import parser as parser_module
+
+    class Node:
+        pass
+
+    cycle = Node()
+    cycle.me = cycle
+    alive = weakref.ref(cycle)
+    with parser_module.gc_frozen():
+        assert gc.get_freeze_count() > 0
+        del cycle
+        gc.collect()
+        assert alive() is not None  # frozen: the collector does not see it
+    assert gc.get_freeze_count() == 0
+    gc.collect()
+    assert alive() is None
+    monkeypatch.setattr(parser_module, "_FROZEN_FOR_LIFE", True)  # a worker process: the freeze stays
+    with parser_module.gc_frozen():
+        assert gc.get_freeze_count() == 0
 
 
 def test_workers_are_a_count_or_auto() -> None:
