@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 17's levers, one `spinn bench-label` per setting, interleaved over rounds so that each meets the same
-# load: threads, parser workers, Stanza batch size, pretokenized input. Input: the first PAIRS real SNLI test
-# pairs as raw text (CSV), and the same pairs with SNLI's own tokens (for --pretokenized). No parse cache.
+# load: parser workers (default auto: one per core), threads, Stanza batch size, pretokenized input. Input:
+# the first PAIRS real SNLI test pairs as raw text (CSV), and the same pairs with SNLI's own tokens (for
+# --pretokenized). No parse cache.
 #
 #   scripts/label_levers.sh [PAIRS] [ROUNDS]        (defaults 1000 and 2; run from the repository root)
 set -euo pipefail
@@ -39,8 +40,8 @@ for round in $(seq "$rounds"); do
     echo "round $round | $name | load $(cut -d' ' -f1 /proc/loadavg) | $line"
   done <<'LIST'
 default raw.csv
-threads-2 raw.csv --parser-threads 2 --threads 2
-workers-2 raw.csv --workers 2
+one-process raw.csv --workers 1
+one-process-threads-2 raw.csv --workers 1 --parser-threads 2 --threads 2
 parse-batch-64 raw.csv --parse-batch-size 64
 parse-batch-1024 raw.csv --parse-batch-size 1024
 tokens-as-raw tokens.csv
