@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -287,6 +287,24 @@ _CONTENDED = frozenset({errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES})
 """What a non-blocking flock answers when another process holds it (EACCES on some filesystems)."""
 
 
+_HELD_LOCKS: set[int] = set()
+"""Descriptors of the folder locks this process holds (see _forget_held_locks)."""
+
+
+def _forget_held_locks() -> None:
+    """In a forked child, close its copies of the parent's lock descriptors. A flock belongs to the open file
+    description, which fork shares: a child keeping a copy (a parser worker, say) would go on holding the
+    parent's lock after the parent was killed, and a rerun would be refused until the child ended too.
+    Closing a copy leaves the parent's lock as it is."""
+    for fd in _HELD_LOCKS:
+        with suppress(OSError):
+            os.close(fd)
+    _HELD_LOCKS.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held_locks)
+
+
 class FolderBusy(SpinnError):
     """Another running process holds the folder's lock; the message names it."""
 
@@ -324,11 +342,13 @@ def lock_folder(folder: Path) -> Iterator[FolderLock]:
         folder.mkdir(parents=True, exist_ok=True)
     path = folder / LOCK_NAME
     fd = _acquire(path)
+    _HELD_LOCKS.add(fd)
     try:
         lock = FolderLock(path, _read_record(fd), fd)
         lock.record(pid=str(os.getpid()), host=HOST, started=time.strftime("%Y-%m-%d %H:%M:%S"), command=_command())
         yield lock
     finally:
+        _HELD_LOCKS.discard(fd)
         os.close(fd)
 
 

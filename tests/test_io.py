@@ -185,3 +185,41 @@ def test_a_live_writer_s_publication_is_left_to_it(tmp_path):
     tidy_folder(tmp_path)
     settle(finals[1])
     assert journal.exists() and temporary.exists() and contents(finals)[1] == "old out.rejects.jsonl"
+
+
+HOLD_AND_FORK = """
+import os, sys, time
+from spinn.io import lock_folder
+
+with lock_folder(sys.argv[1]):
+    if os.fork() == 0:  # a child that outlives its parent, as a parser worker does for up to half a second
+        time.sleep(120)
+        os._exit(0)
+    print("held", flush=True)
+    time.sleep(120)
+"""
+
+
+def test_a_killed_holders_forked_child_does_not_keep_its_folder_lock(tmp_path):
+    """A flock belongs to the open file description, which fork shares: the child closes its copy."""
+    import psutil
+
+    from spinn.io import FolderBusy, lock_folder
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_FORK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        (child,) = psutil.Process(holder.pid).children()
+        with pytest.raises(FolderBusy, match=f"pid {holder.pid}"):
+            with lock_folder(tmp_path):
+                pass
+        holder.kill()
+        holder.wait()
+        assert child.is_running()
+        with lock_folder(tmp_path) as lock:  # taken at once, though the child still runs
+            assert lock.previous["pid"] == str(holder.pid)
+    finally:
+        holder.kill()
+        for process in psutil.Process().children(recursive=True):
+            process.kill()
+        child.kill()
