@@ -496,8 +496,8 @@ def _spawn_pool(settings: ParserSettings) -> ProcessPoolExecutor:
         ProcessPoolExecutor(
             settings.workers,
             mp_context=multiprocessing.get_context("spawn"),
-            initializer=_start_worker,
-            initargs=(_own_settings(settings), os.getpid()),
+            initializer=_adopt_worker,
+            initargs=(_own_settings(settings), os.getpid(), None),
         ),
         settings.workers,
     )
@@ -516,16 +516,9 @@ def _started(pool: ProcessPoolExecutor, workers: int) -> ProcessPoolExecutor:
     return pool
 
 
-def _start_worker(settings: ParserSettings, parent: int) -> None:
-    """A spawned worker: loads Stanza itself."""
-    _adopt_worker(settings, parent, None)
-    assert _WORKER is not None
-    _WORKER._loaded_pipeline()
-    _freeze_for_life()
-
-
 def _adopt_worker(settings: ParserSettings, parent: int, pipeline: Any) -> None:
-    """Make this process a worker: its own parser, using `pipeline` when it came loaded from the parent."""
+    """Make this process a worker: its own parser, with `pipeline` when it came loaded from the parent (fork),
+    else loading Stanza now (spawn)."""
     import torch
 
     global _WORKER
@@ -533,6 +526,7 @@ def _adopt_worker(settings: ParserSettings, parent: int, pipeline: Any) -> None:
     torch.set_num_threads(settings.threads)
     _WORKER = SentenceParser(settings)
     _WORKER._pipeline = pipeline
+    _WORKER._loaded_pipeline()
     _freeze_for_life()
 
 
