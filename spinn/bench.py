@@ -50,7 +50,7 @@ from spinn.model.loading import resolve_device
 from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
-from spinn.settings import Settings
+from spinn.settings import Settings, usable_cores
 from spinn.training.loader import prefetch
 from spinn.training.step import InferStep, Schedule, StepOptions, TrainStep, make_optimizer
 
@@ -414,7 +414,7 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
         "parser": summary.parser,
         **used.to_dict(),
         "device_name": _device_name("cuda" if torch.cuda.is_available() and settings.device != "cpu" else "cpu"),
-        "cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpus": usable_cores(),
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__,
     }

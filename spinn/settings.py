@@ -112,6 +112,13 @@ def count_or_auto(unit: str) -> Any:
     ]
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (Linux: its affinity, not all the machine's): what auto counts."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
 def deep_merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in layer.items():

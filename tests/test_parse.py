@@ -438,7 +438,7 @@ def test_objects_frozen_for_a_parse_are_collectable_again_after_it(monkeypatch: 
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert alive() is None
-    monkeypatch.setattr(parser_module, "_FROZEN_FOR_LIFE", True)  # a worker process: the freeze stays
+    monkeypatch.setattr(parser_module, "_WORKER", object())  # a worker process: the freeze stays
     with parser_module.gc_frozen():
         assert gc.get_freeze_count() == 0
 

@@ -60,7 +60,7 @@ from pydantic import Field
 from spinn.data.rejects import RejectReason
 from spinn.errors import SpinnError
 from spinn.io import file_digest
-from spinn.settings import AUTO, Device, Settings, count_or_auto, env_default
+from spinn.settings import AUTO, Device, Settings, count_or_auto, env_default, usable_cores
 from spinn.trees.binarize import binarize
 from spinn.trees.transitions import tree_to_transitions
 from spinn.trees.tree import Tree, format_binary
@@ -388,10 +388,8 @@ class SentenceParser:
     def _worker_pool(self) -> ProcessPoolExecutor:
         if self._pool is None:
             self._resolved()  # a missing model is one clear error here, not one per worker (downloads once too)
-            if _can_fork(self._use_gpu):
-                self._pool = _fork_pool(self.settings, self._loaded_pipeline())
-            else:
-                self._pool = _spawn_pool(self.settings)
+            pipeline = self._loaded_pipeline() if _can_fork(self._use_gpu) else None
+            self._pool = _start_pool(self.settings, pipeline)
         return self._pool
 
     def _resolved(self) -> _Models:
@@ -407,7 +405,7 @@ def gc_frozen() -> Iterator[None]:
     machine). Both steps are O(1); afterwards they are collectable again, so a closed parser's models (Stanza's
     processors and pipeline refer to each other) are freed. Python's gc docs advise freezing before fork, so
     forked workers do not copy the pages the collector would touch. In a worker process the freeze is for life."""
-    if _FROZEN_FOR_LIFE:
+    if _WORKER is not None:  # a worker process: frozen for life (_adopt_worker)
         yield
         return
     gc.freeze()
@@ -415,13 +413,6 @@ def gc_frozen() -> Iterator[None]:
         yield
     finally:
         gc.unfreeze()
-
-
-def _freeze_for_life() -> None:
-    """A worker process parses until it ends: what it loaded stays out of the collector's sight."""
-    global _FROZEN_FOR_LIFE
-    gc.freeze()
-    _FROZEN_FOR_LIFE = True
 
 
 def _batches(texts: list[str], size: int) -> list[list[str]]:
@@ -455,8 +446,6 @@ def torch_threads(threads: int) -> Iterator[None]:
 
 _WORKER: SentenceParser | None = None
 """A worker process's own parser: no cache (the parent keeps it), one process's worth of threads."""
-_FROZEN_FOR_LIFE = False
-"""True in a worker process: gc_frozen leaves the freeze in place."""
 
 
 def _can_fork(use_gpu: bool) -> bool:
@@ -473,46 +462,24 @@ def _can_fork(use_gpu: bool) -> bool:
     )
 
 
-def _fork_pool(settings: ParserSettings, pipeline: Any) -> ProcessPoolExecutor:
-    """`workers` processes forked from this one, which already loaded Stanza: they share its models
-    (copy-on-write) and parse at once. Forked children inherit the pipeline object itself; nothing is pickled."""
+def _start_pool(settings: ParserSettings, pipeline: Any) -> ProcessPoolExecutor:
+    """`workers` processes, started now so they are ready when the batches come. Given the `pipeline` this
+    process loaded, they are forked: they share its models (copy-on-write, inherited, nothing pickled) and
+    parse at once, and are told the CPU so they never ask CUDA anything. Without it they are spawned (a fresh
+    interpreter: no forked torch or CUDA state) and each loads Stanza itself."""
     import multiprocessing
 
+    forked = pipeline is not None
+    own = settings.replace(workers=1, cache_path=None, device="cpu" if forked else settings.device)
     pool = ProcessPoolExecutor(
         settings.workers,
-        mp_context=multiprocessing.get_context("fork"),
+        mp_context=multiprocessing.get_context("fork" if forked else "spawn"),
         initializer=_adopt_worker,
-        initargs=(_own_settings(settings, "cpu"), os.getpid(), pipeline),
+        initargs=(own, os.getpid(), pipeline),  # a worker's parser: no cache (this process keeps it)
     )
-    with gc_frozen():  # the children are forked here, and stay frozen
-        return _started(pool, settings.workers)
-
-
-def _spawn_pool(settings: ParserSettings) -> ProcessPoolExecutor:
-    """`workers` spawned processes (a fresh interpreter: no forked torch or CUDA state), loading Stanza now."""
-    import multiprocessing
-
-    return _started(
-        ProcessPoolExecutor(
-            settings.workers,
-            mp_context=multiprocessing.get_context("spawn"),
-            initializer=_adopt_worker,
-            initargs=(_own_settings(settings), os.getpid(), None),
-        ),
-        settings.workers,
-    )
-
-
-def _own_settings(settings: ParserSettings, device: Device | None = None) -> ParserSettings:
-    """A worker's parser: no cache (the parent keeps it), parsing in its own process, on `device` when the
-    parent already decided it."""
-    return settings.replace(workers=1, cache_path=None, device=device or settings.device)
-
-
-def _started(pool: ProcessPoolExecutor, workers: int) -> ProcessPoolExecutor:
-    """Start every worker now, so loading overlaps the caller's own work."""
-    for _ in range(workers):
-        pool.submit(time.sleep, 0)
+    with gc_frozen():  # forked children are made here, and stay frozen
+        for _ in range(settings.workers):
+            pool.submit(time.sleep, 0)
     return pool
 
 
@@ -527,7 +494,7 @@ def _adopt_worker(settings: ParserSettings, parent: int, pipeline: Any) -> None:
     _WORKER = SentenceParser(settings)
     _WORKER._pipeline = pipeline
     _WORKER._loaded_pipeline()
-    _freeze_for_life()
+    gc.freeze()  # a worker parses until it ends: what it loaded stays out of the collector's sight
 
 
 def _exit_with(parent: int) -> None:
@@ -575,9 +542,7 @@ def _resolve_workers(workers: int | str, use_gpu: bool) -> int:
         return int(workers)
     if use_gpu:
         return 1
-    if hasattr(os, "sched_getaffinity"):  # Linux: the cores this process may run on, not all the machine's
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return usable_cores()
 
 
 def _resolve_gpu(device: str) -> bool:
