@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from enum import Enum
 from typing import Any, Literal, get_args
 
 from pydantic import Field, model_validator
@@ -16,6 +17,19 @@ VARIANTS: tuple[str, ...] = get_args(Variant)
 BASELINE = "cbow"
 TREE_VARIANTS = tuple(variant for variant in VARIANTS if variant != BASELINE)
 N_ACTIONS = len(Transition)
+
+
+class TransitionSource(str, Enum):
+    """Where an encoder's SHIFT/REDUCE decisions come from; callers say which, nothing infers it.
+
+    A parser's trees (`gold`) need a plan built from the batch's transitions; `greedy` and
+    `sampled` need a tracker that predicts transitions (spinn, rl): `greedy` takes its best
+    legal action (evaluation, labelling without a parser), `sampled` draws from its policy
+    (rl while training)."""
+
+    GOLD = "gold"
+    GREEDY = "greedy"
+    SAMPLED = "sampled"
 
 
 class SPINNConfig(Settings):
