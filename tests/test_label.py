@@ -23,7 +23,9 @@ import pytest
 
 from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
-from spinn.labeling.label import LabelSettings, label, parts_folder, rejects_file
+from spinn.labeling.label import label
+from spinn.labeling.settings import LabelSettings
+from spinn.labeling.shards import parts_folder, rejects_file
 from spinn.parsing.parser import ParserSettings
 from spinn.trees.transitions import parse_binary, right_branching
 
