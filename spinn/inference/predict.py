@@ -75,17 +75,30 @@ def predict(
     if step.source is not source:
         raise SpinnError(f"the inference step runs on {step.source.value} transitions, not {source.value}")
     was_training = model.training
-    runs = []
-    with torch.no_grad():
-        for indices in bucket_batches(examples, batch_size, shuffle=False):
-            batch = make_batch([examples[i] for i in indices], width_step=WIDTH_STEP).to(device, non_blocking=True)
-            output = step(batch)
-            agreement = None if output.transition_logits is None else transition_counts(output, batch)
-            runs.append(_Ran(indices, torch.softmax(output.logits.float(), dim=1), output.transitions, agreement))
-            if on_batch is not None:
-                on_batch(len(indices))
-    model.train(was_training)
+    try:
+        runs = [
+            _run(step, examples, indices, device, on_batch)
+            for indices in bucket_batches(examples, batch_size, shuffle=False)
+        ]
+    finally:
+        model.train(was_training)  # the step ran it in eval mode (no dropout, batch norm's running statistics)
     return _read_back(runs, examples)
+
+
+def _run(
+    step: InferStep,
+    examples: Sequence[Example],
+    indices: list[int],
+    device: torch.device,
+    on_batch: Callable[[int], None] | None,
+) -> _Ran:
+    """One batch through the step; nothing is read back."""
+    batch = make_batch([examples[i] for i in indices], width_step=WIDTH_STEP).to(device, non_blocking=True)
+    output = step(batch)
+    agreement = None if output.transition_logits is None else transition_counts(output, batch)  # (2,)
+    if on_batch is not None:
+        on_batch(len(indices))
+    return _Ran(indices, torch.softmax(output.logits.float(), dim=1), output.transitions, agreement)
 
 
 def _read_back(runs: list[_Ran], examples: Sequence[Example]) -> Predictions:
