@@ -2,7 +2,7 @@
 
 Each run lists the inbox, skips files the index says are done (same name and
 same content digest), and labels the rest one file at a time. A file is cut
-into shards (spinn.labeling.label), the shards run as Prefect tasks on a Dask cluster
+into shards (spinn.labeling.shards), the shards run as Prefect tasks on a Dask cluster
 (a local one by default, or an existing cluster by address) and are merged.
 A file that fails is recorded as failed, reported, and tried again on the next
 run; finished shards of a killed run are reused. Counts go to the Prefect
@@ -35,7 +35,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from spinn.data.sentence_pairs import readable_suffixes
 from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
-from spinn.labeling.label import LabelSettings, hold_output
+from spinn.labeling.settings import LabelSettings
+from spinn.labeling.shards import hold_output
 
 INDEX_NAME = "index.json"
 INPUT_SUFFIXES = readable_suffixes()
@@ -111,7 +112,7 @@ _LABELLERS: dict[tuple, Any] = {}
 
 def _labeller(model: str, settings) -> Any:
     """Parsing in this worker process: a Dask worker is daemonic (no children) and is itself the parallelism."""
-    from spinn.labeling.label import Labeller
+    from spinn.labeling.labeller import Labeller
 
     settings = settings.replace(parsing={"workers": 1})
     key = (model, repr(settings))
@@ -132,7 +133,7 @@ class PlannedFile(NamedTuple):
 @task(name="plan-shards", task_run_name="plan-{input_path.name}")
 def plan_task(input_path: Path, output: Path, model: str, settings) -> PlannedFile:
     """Cut the file into shards; the parser is the labeller's (`auto` becomes `model` or `stanza` there)."""
-    from spinn.labeling.label import plan_shards
+    from spinn.labeling.shards import plan_shards
 
     labeller = _labeller(model, settings)
     plan = plan_shards(input_path, output, settings, labeller.fingerprint())
@@ -145,8 +146,9 @@ def shard_task(plan, index: int, model: str, settings):
     from prefect import get_run_logger
 
     from spinn.errors import SpinnError
-    from spinn.labeling.label import label_shard, shard_rows
     from spinn.labeling.progress import LabelProgress
+    from spinn.labeling.shard import label_shard
+    from spinn.labeling.shards import shard_rows
 
     labeller = _labeller(model, settings)
     if labeller.checkpoint_sha256 != plan.fingerprint["checkpoint_sha256"]:
@@ -166,7 +168,7 @@ def shard_task(plan, index: int, model: str, settings):
 
 @task(name="merge-shards", task_run_name="merge-{plan.shards}-shards")
 def merge_task(plan, results: list, model_name: str, parser: str):
-    from spinn.labeling.label import merge_shards
+    from spinn.labeling.shards import merge_shards
 
     return merge_shards(plan, results, model_name, parser)
 

@@ -44,15 +44,16 @@ from pydantic import Field, model_validator
 
 from spinn.data.pairs import Example, corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
+from spinn.inference.step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
-from spinn.model.config import SPINNConfig
+from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
 from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.settings import Settings, usable_cores
 from spinn.training.loader import prefetch
-from spinn.training.step import InferStep, Schedule, StepOptions, TrainStep, make_optimizer
+from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer
 
 Mode = Literal["train", "infer", "loop"]
 Implementation = Literal["fast", "reference"]
@@ -195,7 +196,9 @@ def _step_of(settings: BenchSettings, model: SPINN, predict: bool, graphs: bool)
     if settings.impl == "reference":
         return _reference_step(settings, model, predict)
     if settings.mode == "infer":
-        return InferStep(model, predict_transitions=predict, amp=settings.amp, graphs=graphs)
+        return InferStep(
+            model, TransitionSource.GREEDY if predict else TransitionSource.GOLD, amp=settings.amp, graphs=graphs
+        )
     return _train_step(settings, model, graphs)
 
 
@@ -390,7 +393,8 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
     one, so the parser really runs. The labelling code, Stanza and MLflow load only here."""
     import tempfile
 
-    from spinn.labeling.label import LabelSettings, label
+    from spinn.labeling.label import label
+    from spinn.labeling.settings import LabelSettings
     from spinn.parsing.parser import decided
 
     settings = settings or LabelSettings().replace(parsing={"cache_path": None})

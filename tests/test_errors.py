@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import main
-from spinn.labeling.label import parts_folder
+from spinn.labeling.shards import parts_folder
 from tests.test_label import smoke_pairs, write_rows
 
 READ_ONLY = 0o555

@@ -22,10 +22,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from spinn.data.schema import LABELS
+from spinn.data.sentence_pairs import simple_tokenize
 from spinn.errors import SpinnError
-from spinn.labeling.label import LabelSettings, label, parts_folder, rejects_file
+from spinn.labeling.label import label
+from spinn.labeling.settings import LabelSettings
+from spinn.labeling.shards import parts_folder, rejects_file
 from spinn.parsing.parser import ParserSettings
-from spinn.trees.transitions import parse_binary, right_branching
+from spinn.trees.transitions import parse_binary
 
 TOLERANCE = 1e-5
 KILL_SHARD_SIZE = 25
@@ -230,22 +233,27 @@ def test_bad_rows_are_listed_with_reasons_while_good_rows_are_labelled(smoke_mod
     assert summary.rows == len(lines) == summary.labelled + summary.rejected
 
 
-def test_sentences_whose_tree_the_model_builds_get_right_branching_stand_ins(smoke_model, tmp_path, monkeypatch):
-    """The batch format needs transitions for every sentence; with parser `model` a sentence has none (the
-    model predicts them and never reads these), so labelling fills in right_branching over its tokens."""
-    import spinn.labeling.label as label_module
+def test_sentences_whose_tree_the_model_builds_reach_it_as_tokens_only(smoke_model, tmp_path, monkeypatch):
+    """With parser `model` no sentence has a parse: the model gets its tokens and no stand-in tree (nothing
+    it could read by mistake), and every recorded tree is over exactly the sentence's tokens."""
+    import spinn.labeling.shard as shard_module
+    from spinn.inference.predict import predict
 
-    lengths = []
+    seen = []
 
-    def counted(n_tokens: int) -> list[int]:
-        lengths.append(n_tokens)
-        return right_branching(n_tokens)
+    def recorded(model, examples, *args, **kwargs):
+        seen.extend(examples)
+        return predict(model, examples, *args, **kwargs)
 
-    monkeypatch.setattr(label_module, "right_branching", counted)
-    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 5))
+    monkeypatch.setattr(shard_module, "predict", recorded)
+    rows = smoke_pairs(smoke_model, 5)
+    source = write_rows(tmp_path / "pairs.csv", rows)
     label(source, smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path, parser="model"))
-    trees = [row[name] for row in read_output(tmp_path / "out.parquet") for name in ("premise_tree", "hypothesis_tree")]
-    assert sorted(lengths) == sorted(len(parse_binary(tree).leaves()) for tree in trees)
+    assert len(seen) == len(rows)
+    assert all(example.premise_transitions == () == example.hypothesis_transitions for example in seen)
+    for row, given in zip(read_output(tmp_path / "out.parquet"), rows, strict=True):
+        for name in ("premise", "hypothesis"):
+            assert parse_binary(row[f"{name}_tree"]).leaves() == simple_tokenize(given[name])
 
 
 def test_a_registered_model_is_named_by_its_resolved_version(smoke_model, tmp_path, monkeypatch):

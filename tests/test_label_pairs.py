@@ -64,7 +64,7 @@ def test_outputs_are_named_after_the_input_without_its_suffix():
 def test_dask_workers_parse_in_their_own_process():
     """A Dask worker is daemonic (no child processes) and is itself the parallelism: its labeller parses in it."""
     from flows.label_pairs import _LABELLERS, _labeller
-    from spinn.labeling.label import LabelSettings
+    from spinn.labeling.settings import LabelSettings
 
     checkpoint = Path(__file__).parent / "fixtures" / "release-0.1.0" / "checkpoint.pt"
     settings = LabelSettings(parser="model", device="cpu").replace(parsing={"workers": 4, "cache_path": None})

@@ -19,6 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("spinn.parsing",),
     ("spinn.tracking",),
     ("spinn.model",),
+    ("spinn.inference",),  # the one predict(): evaluation, labelling and trees run on it
     ("spinn.training",),
     ("spinn.labeling",),
     ("spinn.cli", "spinn.bench", "spinn.opcount", "spinn.options"),  # entry points and measurement
@@ -82,3 +83,21 @@ def test_the_check_sees_an_upward_import(tmp_path):
     source.write_text("def f():\n    from spinn.training.train import train\n    import spinn.cli\n")
     assert spinn_imports(source) == [(2, "spinn.training.train"), (3, "spinn.cli")]
     assert layer_of("spinn.training.train") > layer_of("spinn.model.spinn")
+
+
+def test_inference_sits_between_the_model_and_its_users():
+    """Training's dev evaluation and labelling call inference; inference needs only the model and below."""
+    inference = layer_of("spinn.inference.predict")
+    assert layer_of("spinn.model.spinn") < inference < layer_of("spinn.training.evaluate")
+    assert inference < layer_of("spinn.labeling.label")
+
+
+def test_labelling_never_reaches_into_training():
+    """Labelling runs a model through inference; it has no use for the training stage's code."""
+    reached = [
+        f"{path.relative_to(PACKAGE.parent)}:{line} imports {target}"
+        for path in sorted((PACKAGE / "labeling").rglob("*.py"))
+        for line, target in spinn_imports(path)
+        if target.startswith("spinn.training")
+    ]
+    assert not reached, "\n".join(reached)

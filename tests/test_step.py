@@ -1,4 +1,4 @@
-"""The training and inference steps: sync-free, few ops, the same numbers as a plain step; their graph plumbing.
+"""The training step: sync-free, few ops, the same numbers as a plain step (inference: tests/test_inference.py).
 
 Everything here runs on a CPU; the CUDA graph capture itself needs a GPU and is
 exercised by scripts/gpu_bench.sh there. The op counts are the CPU-measurable
@@ -19,17 +19,7 @@ from spinn.model.config import SPINNConfig
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.training.loader import prefetch
-from spinn.training.step import (
-    InferStep,
-    Schedule,
-    StepOptions,
-    TrainStep,
-    clone_batch,
-    copy_into,
-    make_optimizer,
-    set_rate,
-    shape_key,
-)
+from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer, set_rate
 
 SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
 needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
@@ -120,30 +110,6 @@ def test_a_capturable_optimizer_gets_its_rate_tensor_back():
     group["capturable"], group["lr"] = True, 0.5  # as a CUDA optimizer after loading a 0.1 state
     set_rate(step.optimizer, 0.25)
     assert isinstance(group["lr"], torch.Tensor) and group["lr"].item() == 0.25
-
-
-def test_graph_inputs_are_keyed_by_shape_and_copied_in_place():
-    examples, _ = load_examples(SNLI_DEV, 64, 0, labelled=True)
-    first = make_batch(examples[:8], width_step=64)
-    second = make_batch(examples[8:16], width_step=64)
-    other = make_batch(examples[:9], width_step=64)
-    assert shape_key(first) == shape_key(second) != shape_key(other)
-    static = clone_batch(first)
-    buffers = [static.tokens.data_ptr(), static.plan.reads.data_ptr()]
-    copy_into(static, second)
-    assert [static.tokens.data_ptr(), static.plan.reads.data_ptr()] == buffers  # the graph's buffers stay
-    assert torch.equal(static.tokens, second.tokens) and torch.equal(static.plan.reads, second.plan.reads)
-
-
-@needs_snli
-def test_inference_step_equals_the_model():
-    examples, vocab_size = load_examples(SNLI_DEV, 32, 0, labelled=True)
-    model = trainer("spinn", vocab_size).model.eval()
-    batch = make_batch(examples[:16])
-    with torch.no_grad():
-        expected = model(batch, predict_transitions=True)
-    found = InferStep(model, predict_transitions=True)(batch)
-    assert torch.equal(found.logits, expected.logits) and torch.equal(found.transitions, expected.transitions)
 
 
 @needs_snli

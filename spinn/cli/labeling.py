@@ -9,8 +9,8 @@ from typing import Any, get_args
 import click
 
 from spinn.cli.common import INPUT_FILE, PATH, output_file, output_folder
-from spinn.labeling.induce import TreesSettings
-from spinn.labeling.label import LabelSettings
+from spinn.labeling.settings import LabelSettings
+from spinn.labeling.trees import TreesSettings
 from spinn.options import field_options, given, renamed_option, resolve
 from spinn.parsing.parse import ParseSettings
 from spinn.settings import Device
@@ -100,7 +100,7 @@ def trees(
     """Write the binary trees a model builds by itself, in SNLI's bracket format.
 
     INPUT: a .txt file with one sentence per line, or a sentence-pair file (CSV, TSV, JSONL, Parquet)."""
-    from spinn.labeling.induce import induce_trees
+    from spinn.labeling.trees import induce_trees
 
     source = input_path or old_input
     if source is None:

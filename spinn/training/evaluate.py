@@ -2,10 +2,11 @@
 
 The model is a checkpoint file or an MLflow URI (`models:/spinn@champion`,
 `runs:/<id>/model`); either way it is read with weights_only, rebuilt from its
-own config and vocabulary, and run in a fixed order so the same inputs always
-give the same numbers. The split is encoded with the model's vocabulary; the
-metrics report the share of its tokens outside it, with a warning when that
-is most of them. `score_examples` is also what training calls for its
+own config and vocabulary, and run by the one inference loop that labelling
+uses too (spinn/inference/predict.py), so the same inputs always give the
+same numbers. The split is encoded with the model's vocabulary; the metrics
+report the share of its tokens outside it, with a warning when that is most
+of them. `score_examples` is also what training calls for its
 periodic dev evaluation.
 """
 
@@ -26,23 +27,23 @@ from spinn.data.pairs import Example, encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError
+from spinn.inference.predict import Predictions, predict
+from spinn.inference.step import InferStep
 from spinn.io import atomic_path, write_json
-from spinn.model.batch import PAD_TRANSITION, WIDTH_STEP, bucket_batches, make_batch, own_steps
 from spinn.model.checkpoint import check_vocabulary
-from spinn.model.config import SPINNConfig
+from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
-from spinn.model.spinn import SPINN, transition_counts
+from spinn.model.spinn import SPINN
 from spinn.settings import Device, Settings
 from spinn.training.metrics import Metrics, plot_confusion, score
-from spinn.training.step import InferStep
 from spinn.trees.transitions import bracket_counts
 
 EVAL_BATCH_SIZE = 256
 
 
 @dataclass(frozen=True)
-class Predictions:
-    """Gold and predicted class indices of labelled examples, in scoring order."""
+class Scored:
+    """Gold and predicted class indices of labelled examples, in input order, and the tree scores."""
 
     gold: numpy.ndarray  # (N,) int64
     predicted: numpy.ndarray  # (N,) int64
@@ -58,52 +59,33 @@ def predict_examples(
     examples: Sequence[Example],
     device: torch.device,
     *,
+    source: TransitionSource = TransitionSource.GOLD,
     batch_size: int = EVAL_BATCH_SIZE,
-    predict_transitions: bool = False,
-    infer: InferStep | None = None,
+    step: InferStep | None = None,
     progress: bool = False,
-) -> Predictions:
-    """Run `model` over labelled examples (length-sorted batches, no dropout) and keep every prediction.
+) -> Scored:
+    """Run `model` over labelled examples (the one inference loop, `predict`) and score every prediction.
 
-    Results stay on the device until the last batch is done, and come back in one read. A caller that
-    scores often (training's dev evaluation) passes its own InferStep, so its CUDA graphs are kept."""
-    was_training = model.training
-    infer = infer or InferStep(model, predict_transitions=predict_transitions)
-    gold, predicted, counts, runs = [], [], [], []
-    batches = bucket_batches(examples, batch_size, shuffle=False)
+    A caller that scores often (training's dev evaluation) passes its own InferStep, so its CUDA graphs
+    are kept. Bracket F1 compares the trees the tracker built (greedy) with the examples' own parses."""
     bar = tqdm(total=len(examples), disable=not progress, unit="pair", desc="evaluate", dynamic_ncols=True)
-    with torch.no_grad(), bar:
-        for indices in batches:
-            bar.update(len(indices))
-            host = make_batch([examples[i] for i in indices], width_step=WIDTH_STEP)
-            batch = host.to(device, non_blocking=True)
-            output = infer(batch)
-            gold.append(batch.labels)
-            predicted.append(output.logits.argmax(1))
-            if output.transition_logits is not None:
-                counts.append(transition_counts(output, batch))
-            if predict_transitions:
-                runs.append((output.transitions, host))
-    model.train(was_training)
-    steps, correct = torch.stack(counts).sum(0).tolist() if counts else (0, 0)
-    brackets = sum((_bracket_counts(ran.cpu(), host) for ran, host in runs), numpy.zeros(3, dtype=numpy.int64))
-    bracket_f1 = 2 * brackets[0] / (brackets[1] + brackets[2]) if brackets[1:].sum() else None
-    return Predictions(
-        torch.cat(gold).cpu().numpy(),
-        torch.cat(predicted).cpu().numpy(),
-        correct / steps if steps else None,
-        None if bracket_f1 is None else float(bracket_f1),
-    )
+    with bar:
+        found = predict(model, examples, device, batch_size, source, step=step, on_batch=bar.update)
+    gold = numpy.array([example.label for example in examples], dtype=numpy.int64)  # (N,)
+    bracket_f1 = _bracket_f1(found, examples) if source is TransitionSource.GREEDY else None
+    return Scored(gold, found.labels, found.transition_accuracy, bracket_f1)
 
 
-def _bracket_counts(ran: torch.Tensor, batch) -> numpy.ndarray:
-    """Summed (matched, predicted, gold) spans of the trees that ran against the batch's gold trees."""
-    counts = numpy.zeros(3, dtype=numpy.int64)
-    gold = batch.transitions
-    for row, length in enumerate(batch.lengths.tolist()):
-        if gold[row, 0] != PAD_TRANSITION:  # tokens-only rows have no tree to compare with
-            counts += bracket_counts(own_steps(ran, row, length), own_steps(gold, row, length))
-    return counts
+def _bracket_f1(found: Predictions, examples: Sequence[Example]) -> float | None:
+    """F1 of the spans of the trees that ran against the parses of the sentences that have one."""
+    counts = numpy.zeros(3, dtype=numpy.int64)  # (matched, predicted, gold) spans
+    for example, premise, hypothesis in zip(
+        examples, found.premise_transitions, found.hypothesis_transitions, strict=True
+    ):
+        for ran, parse in ((premise, example.premise_transitions), (hypothesis, example.hypothesis_transitions)):
+            if parse:  # tokens-only sentences have no tree to compare with
+                counts += bracket_counts(list(ran), list(parse))
+    return float(2 * counts[0] / (counts[1] + counts[2])) if counts[1:].sum() else None
 
 
 def score_examples(
@@ -111,14 +93,12 @@ def score_examples(
     examples: Sequence[Example],
     device: torch.device,
     *,
+    source: TransitionSource = TransitionSource.GOLD,
     batch_size: int = EVAL_BATCH_SIZE,
-    predict_transitions: bool = False,
-    infer: InferStep | None = None,
+    step: InferStep | None = None,
 ) -> Metrics:
     """Accuracy and friends of `model` on labelled examples."""
-    return predict_examples(
-        model, examples, device, batch_size=batch_size, predict_transitions=predict_transitions, infer=infer
-    ).metrics()
+    return predict_examples(model, examples, device, source=source, batch_size=batch_size, step=step).metrics()
 
 
 def read_examples(path: Path, vocabulary: Vocabulary) -> list[Example]:
@@ -162,14 +142,14 @@ def evaluate(
     loaded = load_model(model_reference, resolve_device(settings.device))
     if vocab is not None:
         check_vocabulary(loaded.contents, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
-    predict = _predicted_run(settings.transitions, loaded.model.config)
+    source = transition_source(settings.transitions, loaded.model.config)
     examples = read_examples(data, loaded.vocabulary)
     found = predict_examples(
         loaded.model,
         examples,
         next(loaded.model.parameters()).device,
+        source=source,
         batch_size=settings.batch_size,
-        predict_transitions=predict,
         progress=progress,
     )
     tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
@@ -179,7 +159,7 @@ def evaluate(
         "model": str(model_reference),
         "data": str(data),
         "variant": loaded.model.config.variant,
-        "transitions": "predicted" if predict else "gold",
+        "transitions": "predicted" if source is TransitionSource.GREEDY else "gold",
     }
     write_json(Path(output), metrics.summary())
     write_json(report_path(Path(output)), {**metrics.to_json(), **provenance})
@@ -198,7 +178,7 @@ def report_path(output: Path) -> Path:
     return output.with_name(f"{output.stem}_report{output.suffix}")
 
 
-def write_predictions(found: Predictions, path: Path) -> Path:
+def write_predictions(found: Scored, path: Path) -> Path:
     """`actual,predicted` label names per example: the input of DVC's confusion-matrix plot."""
     with atomic_path(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
@@ -232,7 +212,15 @@ def _log_to_training_run(contents: dict, checkpoint: Path, split: str, metrics: 
     )
 
 
-def _predicted_run(transitions: str, config: SPINNConfig) -> bool:
+def dev_source(config: SPINNConfig) -> TransitionSource:
+    """Training's dev evaluation: rl is scored on the trees it builds itself (that is how it will be used),
+    the others on the parses."""
+    return TransitionSource.GREEDY if config.samples_transitions else TransitionSource.GOLD
+
+
+def transition_source(transitions: str, config: SPINNConfig) -> TransitionSource:
+    """The setting's `predicted` is the tracker's greedy run; `auto` is greedy for spinn and rl."""
     if transitions == "predicted" and not config.predicts_transitions:
         raise SpinnError(f"a {config.variant} model cannot predict transitions; only spinn and rl can")
-    return transitions == "predicted" or (transitions == "auto" and config.predicts_transitions)
+    greedy = transitions == "predicted" or (transitions == "auto" and config.predicts_transitions)
+    return TransitionSource.GREEDY if greedy else TransitionSource.GOLD

@@ -15,9 +15,9 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from spinn.data.pairs import Example
+from spinn.inference.graphs import batch_tensors
 from spinn.model.batch import Batch
 from spinn.training.distributed import SINGLE, Topology, make_share
-from spinn.training.step import batch_tensors
 
 AHEAD = 2
 """Batches made before the model asks for them: enough to hide the host work, little memory."""

@@ -43,6 +43,7 @@ from spinn.data.embeddings import DEFAULT_CACHE_DIR, load_settings_embeddings
 from spinn.data.pairs import Example
 from spinn.data.vocab import VOCAB_FILENAME, Vocabulary
 from spinn.errors import SpinnError
+from spinn.inference.step import InferStep
 from spinn.io import FolderLock, atomic_path, file_digest, lock_folder, tidy_folder, write_json
 from spinn.model.batch import bucket_batches
 from spinn.model.checkpoint import check_vocabulary, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
@@ -53,11 +54,11 @@ from spinn.tracking.register import SELECTION_METRIC
 from spinn.training import distributed
 from spinn.training.config import TrainConfig
 from spinn.training.distributed import Topology
-from spinn.training.evaluate import read_examples, score_examples
+from spinn.training.evaluate import dev_source, read_examples, score_examples
 from spinn.training.folders import RUNS_DIR, run_folder
 from spinn.training.loader import prefetch
 from spinn.training.metrics import Metrics, plot_confusion
-from spinn.training.step import InferStep, StepOptions, TrainStep, make_optimizer
+from spinn.training.step import StepOptions, TrainStep, make_optimizer
 
 LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"
@@ -389,7 +390,7 @@ def _build(
         model,
         optimizer,
         step,
-        InferStep(model, predict_transitions=model_config.samples_transitions, graphs=config.graphs),
+        InferStep(model, dev_source(model_config), graphs=config.graphs),
         vocabulary,
         read_examples(train_path, vocabulary),
         read_examples(dev_path, vocabulary),
@@ -607,10 +608,7 @@ def _progress_line(run: _Run, state: TrainState, metrics: dict[str, float]) -> s
 
 def _evaluate_dev(run: _Run, state: TrainState, tracking) -> int:
     """Dev accuracy now; keeps best.pt; returns evaluations since the best one (for early stopping)."""
-    # rl is scored on the trees it builds itself (greedy): that is how it will be used.
-    metrics = score_examples(
-        run.model, run.dev, run.device, predict_transitions=run.model.config.samples_transitions, infer=run.dev_infer
-    )
+    metrics = score_examples(run.model, run.dev, run.device, source=run.dev_infer.source, step=run.dev_infer)
     state.last_eval_step = state.step
     logged = {"dev_accuracy": metrics.accuracy}
     if metrics.transition_accuracy is not None:

@@ -2,7 +2,9 @@
 
 A `spinn` or `rl` model chooses its own SHIFT/REDUCE sequence (greedy, the
 best legal action); writing the trees out lets users see what an `rl` model
-learned to parse without ever seeing a parse.
+learned to parse without ever seeing a parse. The trees come from the same
+inference loop as labelling's (spinn/inference/predict.py), so `spinn trees`
+draws exactly the trees that `spinn label --parser model` records.
 """
 
 from __future__ import annotations
@@ -10,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
-import torch
 from pydantic import Field
 
+from spinn.data.pairs import Example
 from spinn.data.sentence_pairs import InputPair, read_input_pairs, simple_tokenize
-from spinn.data.vocab import PAD_ID
 from spinn.errors import SpinnError
+from spinn.inference.predict import predict
 from spinn.io import atomic_path
-from spinn.model.batch import own_steps
-from spinn.model.loading import load_model, resolve_device
+from spinn.model.config import TransitionSource
+from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.settings import Device, Settings
 from spinn.trees.transitions import parse_binary, transitions_to_tree
 from spinn.trees.tree import format_binary
@@ -27,6 +29,8 @@ from spinn.trees.treeview import render_trees
 TEXT_SUFFIX = ".txt"
 HTML_TREES = 20
 BATCH_SENTENCES = 256
+SENTENCES_PER_PAIR = 2
+"""The model reads pairs; `spinn trees` feeds it its sentences two at a time."""
 
 
 class TreesSettings(Settings):
@@ -53,14 +57,11 @@ def induce_trees(
     its hypotheses), and optionally draw the first `html_trees` as an HTML page; returns how many trees
     were written."""
     settings = settings or TreesSettings()
-    batch_size = settings.batch_size
     loaded = load_model(model_reference, resolve_device(settings.device))
     if not loaded.model.config.predicts_transitions:
         raise SpinnError(f"a {loaded.model.config.variant} model does not build its own trees; use spinn or rl")
     sentences = [tokens for tokens in _sentences(Path(input_path)) if tokens]
-    trees = []
-    for start in range(0, len(sentences), batch_size):
-        trees += _trees(loaded, sentences[start : start + batch_size])
+    trees = _trees(loaded, sentences, settings.batch_size) if sentences else []
     with atomic_path(Path(output)) as temporary:
         temporary.write_text("".join(tree + "\n" for tree in trees), encoding="utf-8")
     if html is not None:
@@ -85,17 +86,21 @@ def _sentences(path: Path) -> Iterator[list[str]]:
                 yield tokens
 
 
-def _trees(loaded, sentences: list[list[str]]) -> list[str]:
-    """Greedy trees of up to a batch of sentences, encoded together (N sentences, no pairing needed)."""
+def _trees(loaded: LoadedModel, sentences: list[list[str]], batch_size: int) -> list[str]:
+    """Greedy trees of the sentences, through the one inference loop: the model reads pairs, so sentences go
+    two by two (the encoder reads every sentence on its own; a lone last one is paired with itself)."""
     model, vocabulary = loaded.model, loaded.vocabulary
-    device = next(model.parameters()).device
-    lengths = torch.tensor([len(tokens) for tokens in sentences])  # (N,)
-    ids = torch.full((len(sentences), int(lengths.max())), PAD_ID, dtype=torch.long)  # (N, L)
-    for row, tokens in enumerate(sentences):
-        ids[row, : len(tokens)] = torch.tensor(vocabulary.encode(tokens))
-    with torch.no_grad():
-        taken = model.eval().encode(ids.to(device), lengths.to(device), None).transitions.cpu()  # (N, T)
+    ids = [tuple(vocabulary.encode(tokens)) for tokens in sentences]
+    pairs = [
+        Example(ids[start], (), ids[min(start + 1, len(ids) - 1)], ())
+        for start in range(0, len(ids), SENTENCES_PER_PAIR)
+    ]
+    pairs_per_batch = max(1, batch_size // SENTENCES_PER_PAIR)
+    found = predict(model, pairs, next(model.parameters()).device, pairs_per_batch, TransitionSource.GREEDY)
+    ran = [
+        steps for both in zip(found.premise_transitions, found.hypothesis_transitions, strict=True) for steps in both
+    ]
     return [
-        format_binary(transitions_to_tree(tokens, own_steps(taken, row, len(tokens))))
-        for row, tokens in enumerate(sentences)
+        format_binary(transitions_to_tree(tokens, list(steps)))
+        for tokens, steps in zip(sentences, ran[: len(sentences)], strict=True)
     ]

@@ -1,0 +1,44 @@
+"""The inference step: a device batch in, the model's output out, without gradients, from a CUDA graph on a GPU.
+
+`predict` runs it over a corpus, `spinn bench --mode infer` times it, and
+training keeps one for its periodic dev evaluation so that the graphs it
+captured survive from one evaluation to the next.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from spinn.errors import SpinnError
+from spinn.inference.graphs import Graphs, autocast
+from spinn.model.batch import Batch
+from spinn.model.config import TransitionSource
+from spinn.model.spinn import SPINN, SPINNOutput
+
+
+class InferStep:
+    """Call with a device batch: the model's output without gradients, eager or replayed from a CUDA graph.
+
+    What it returns is the caller's to keep (a replayed graph's outputs are copied out)."""
+
+    def __init__(
+        self, model: SPINN, source: TransitionSource = TransitionSource.GOLD, *, amp: bool = False, graphs: bool = True
+    ):
+        """source: gold (the batch's parses) or greedy (the tracker's best legal action, spinn and rl);
+        sampling is for rl's training step, never for inference."""
+        if source is TransitionSource.SAMPLED:
+            raise SpinnError("inference runs on gold or greedy transitions; sampled ones are for training rl")
+        self.model, self.source, self.amp = model, source, amp
+        self.device = next(model.parameters()).device
+        self.graphs = Graphs(self._run, self.device) if graphs and self.device.type == "cuda" else None
+
+    def __call__(self, batch: Batch) -> SPINNOutput:
+        self.model.eval()
+        if self.graphs is None:
+            return self._run(batch)
+        output = self.graphs.run(batch)
+        return SPINNOutput(*(None if value is None else value.clone() for value in output))
+
+    def _run(self, batch: Batch) -> SPINNOutput:
+        with torch.no_grad(), autocast(self.device, self.amp, self.graphs is not None):
+            return self.model(batch, predict_transitions=self.source is TransitionSource.GREEDY)

@@ -1,0 +1,76 @@
+"""What a label run is told, and what it writes: LabelSettings and the shard and output Parquet schemas.
+
+Everything here that changes the output is part of a run's plan fingerprint
+(spinn/labeling/shards.py), so a rerun with other settings never mixes
+results into a half-finished output.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import pyarrow as pa
+from pydantic import Field
+
+from spinn.data.schema import LABELS
+from spinn.data.sentence_pairs import Columns, Format
+from spinn.parsing.parser import ParserSettings
+from spinn.settings import Device, Settings
+
+DEFAULT_SHARD_SIZE = 10_000
+DEFAULT_BATCH_SIZE = 256
+PARSER_STANZA = "stanza"
+PARSER_MODEL = "model"
+PARSER_AUTO = "auto"
+Parser = Literal["auto", "stanza", "model"]
+PROBABILITY_COLUMNS = tuple(f"p_{label}" for label in LABELS)
+TOKENS_KEY, UNKNOWN_TOKENS_KEY = "spinn.tokens", "spinn.unknown_tokens"
+"""A labels shard's metadata: its tokens and those outside the vocabulary, so a reused shard still counts."""
+
+INPUT_SCHEMA = pa.schema(
+    [
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("line", pa.int64(), nullable=False),
+        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("premise", pa.string(), nullable=False),
+        pa.field("hypothesis", pa.string(), nullable=False),
+        pa.field("gold_label", pa.string(), nullable=True),
+    ]
+)
+OUTPUT_SCHEMA = pa.schema(
+    [
+        pa.field("pair_id", pa.string(), nullable=False),
+        pa.field("row", pa.int64(), nullable=False),
+        pa.field("premise", pa.string(), nullable=False),
+        pa.field("hypothesis", pa.string(), nullable=False),
+        pa.field("label", pa.string(), nullable=False),
+        *(pa.field(name, pa.float32(), nullable=False) for name in PROBABILITY_COLUMNS),
+        pa.field("premise_tree", pa.string(), nullable=False),
+        pa.field("hypothesis_tree", pa.string(), nullable=False),
+        pa.field("gold_label", pa.string(), nullable=True),
+        pa.field("model", pa.string(), nullable=False),
+        pa.field("parser", pa.string(), nullable=False),
+    ]
+)
+
+
+class LabelSettings(Settings):
+    """How to read, parse and batch; everything that changes the output is in the plan's fingerprint."""
+
+    parser: Parser = PARSER_AUTO
+    """stanza: parse first; model: a spinn or rl model builds its own trees from tokens; auto: model for rl
+    (it learned its own trees), else stanza (the models were trained on parses)."""
+    batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1)
+    """Pairs per model batch (the labels do not depend on it)."""
+    shard_size: int = Field(DEFAULT_SHARD_SIZE, ge=1)
+    """Rows per shard: the unit of resuming and of parallel work."""
+    device: Device = "auto"
+    """Where the model runs; auto: the GPU when there is one."""
+    threads: int = Field(1, ge=1)
+    """torch threads for the model on CPU (more pay only on idle cores; the labels do not depend on it)."""
+    columns: Columns = Columns()
+    """Which columns hold the pair."""
+    input_format: Format | None = Field(None, json_schema_extra={"cli": "--format"})
+    """Input format (default: from the file name)."""
+    parsing: ParserSettings = ParserSettings()
+    """How Stanza runs."""

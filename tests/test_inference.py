@@ -1,0 +1,145 @@
+"""The one inference path: predict() and its step and graph plumbing; evaluate, label and trees agree through it.
+
+Everything runs on a CPU; the CUDA graph capture itself needs a GPU (scripts/gpu_bench.sh).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from spinn.bench import load_examples
+from spinn.data.pairs import encode_pairs, read_raw_pairs
+from spinn.data.schema import LABELS
+from spinn.data.sentence_pairs import simple_tokenize
+from spinn.errors import SpinnError
+from spinn.inference.graphs import clone_batch, copy_into, shape_key
+from spinn.inference.predict import predict
+from spinn.inference.step import InferStep
+from spinn.model.batch import make_batch
+from spinn.model.config import SPINNConfig, TransitionSource
+from spinn.model.loading import load_model
+from spinn.model.spinn import SPINN, random_vectors
+from spinn.trees.transitions import Transition, transition_count
+
+SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
+needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
+CPU = torch.device("cpu")
+TOLERANCE = 1e-5
+AGREEMENT_PAIRS = 40
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def random_model(variant: str, vocab_size: int, d: int = 24) -> SPINN:
+    torch.manual_seed(0)
+    config = SPINNConfig(variant=variant, d_embed=d, d_hidden=d, d_tracker=8, use_batch_norm=True, mlp_dim=32)
+    return SPINN(config, random_vectors(vocab_size, d, 0)).eval()
+
+
+@pytest.fixture(scope="module")
+def snli_examples():
+    """64 real labelled SNLI dev pairs (with their parses) and the vocabulary size."""
+    return load_examples(SNLI_DEV, 64, 0, labelled=True)
+
+
+@needs_snli
+def test_graph_inputs_are_keyed_by_shape_and_copied_in_place(snli_examples):
+    examples, _ = snli_examples
+    first = make_batch(examples[:8], width_step=64)
+    second = make_batch(examples[8:16], width_step=64)
+    other = make_batch(examples[:9], width_step=64)
+    assert shape_key(first) == shape_key(second) != shape_key(other)
+    static = clone_batch(first)
+    buffers = [static.tokens.data_ptr(), static.plan.reads.data_ptr()]
+    copy_into(static, second)
+    assert [static.tokens.data_ptr(), static.plan.reads.data_ptr()] == buffers  # the graph's buffers stay
+    assert torch.equal(static.tokens, second.tokens) and torch.equal(static.plan.reads, second.plan.reads)
+
+
+@needs_snli
+def test_inference_step_equals_the_model(snli_examples):
+    examples, vocab_size = snli_examples
+    model = random_model("spinn", vocab_size)
+    batch = make_batch(examples[:16])
+    with torch.no_grad():
+        expected = model(batch, predict_transitions=True)
+    found = InferStep(model, TransitionSource.GREEDY)(batch)
+    assert torch.equal(found.logits, expected.logits) and torch.equal(found.transitions, expected.transitions)
+
+
+@needs_snli
+@pytest.mark.parametrize("source", [TransitionSource.GOLD, TransitionSource.GREEDY])
+def test_predict_gives_each_pair_what_the_model_gives_it_alone_in_input_order(snli_examples, source):
+    """Length-sorted batches of any size, read back once, equal the model run on each pair by itself."""
+    examples, vocab_size = snli_examples
+    examples = examples[:24]
+    model = random_model("spinn", vocab_size)
+    found = predict(model, examples, CPU, 5, source)
+    assert predict(model, examples, CPU, 64, source).premise_transitions == found.premise_transitions
+    for index in (0, 7, 23):
+        with torch.no_grad():
+            alone = model(make_batch([examples[index]]), predict_transitions=source is TransitionSource.GREEDY)
+        expected = torch.softmax(alone.logits, dim=1)[0]  # (C,)
+        assert torch.allclose(torch.from_numpy(found.probabilities[index]), expected, atol=TOLERANCE)
+        assert found.labels[index] == int(expected.argmax())
+    for example, premise, hypothesis in zip(
+        examples, found.premise_transitions, found.hypothesis_transitions, strict=True
+    ):
+        for ran, words, parse in (
+            (premise, example.premise, example.premise_transitions),
+            (hypothesis, example.hypothesis, example.hypothesis_transitions),
+        ):
+            assert len(ran) == transition_count(len(words)) and ran.count(Transition.SHIFT) == len(words)
+            if source is TransitionSource.GOLD:
+                assert ran == parse
+    assert 0.0 <= found.transition_accuracy <= 1.0
+
+
+@needs_snli
+def test_predict_restores_training_mode_and_refuses_a_step_of_another_source(snli_examples):
+    examples, vocab_size = snli_examples
+    model = random_model("spinn", vocab_size).train()
+    predict(model, examples[:4], CPU, 2, TransitionSource.GOLD)
+    assert model.training
+    with pytest.raises(SpinnError, match="greedy"):
+        predict(model, examples[:4], CPU, 2, TransitionSource.GOLD, step=InferStep(model, TransitionSource.GREEDY))
+    with pytest.raises(SpinnError, match="sampled"):
+        InferStep(model, TransitionSource.SAMPLED)
+
+
+def test_evaluate_label_and_trees_agree_on_the_same_pairs(smoke_model, tmp_path):
+    """The three commands that run a trained model give the same labels and the same trees, pair by pair."""
+    from spinn.labeling.label import label
+    from spinn.labeling.settings import LabelSettings
+    from spinn.labeling.trees import TreesSettings, induce_trees
+    from spinn.training.evaluate import predict_examples
+
+    loaded = load_model(smoke_model.checkpoint, CPU)
+    raw = [pair for pair in read_raw_pairs(smoke_model.prepared / "test.parquet") if pair.label is not None]
+    raw = raw[:AGREEMENT_PAIRS]
+    texts = [(" ".join(pair.premise), " ".join(pair.hypothesis)) for pair in raw]
+    assert all(simple_tokenize(text) == list(pair.premise) for (text, _), pair in zip(texts, raw, strict=True))
+
+    scored = predict_examples(
+        loaded.model, encode_pairs(raw, loaded.vocabulary), CPU, source=TransitionSource.GREEDY, batch_size=7
+    )
+    source = tmp_path / "pairs.jsonl"
+    source.write_text(
+        "".join(json.dumps({"id": f"p{i}", "premise": p, "hypothesis": h}) + "\n" for i, (p, h) in enumerate(texts)),
+        encoding="utf-8",
+    )
+    label(source, smoke_model.checkpoint, tmp_path / "out.parquet", LabelSettings(parser="model", device="cpu"))
+    labelled = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("".join(f"{p}\n{h}\n" for p, h in texts), encoding="utf-8")
+    induce_trees(smoke_model.checkpoint, sentences, tmp_path / "trees.txt", TreesSettings(batch_size=9, device="cpu"))
+    drawn = (tmp_path / "trees.txt").read_text(encoding="utf-8").splitlines()
+
+    assert [row["label"] for row in labelled] == [LABELS[index] for index in scored.predicted]
+    assert drawn == [tree for row in labelled for tree in (row["premise_tree"], row["hypothesis_tree"])]
+    assert len(set(drawn)) > 1  # real trees over real sentences, not one constant
