@@ -69,6 +69,29 @@ def test_convention(text, expected):
     assert tokenize(text) == expected.split()
 
 
+@pytest.mark.parametrize(
+    ("text", "tokens"),
+    [  # moved from test_sentence_pairs, where they checked the simple tokenizer this one replaced
+        ("A dog runs.", "A dog runs ."),
+        ("Don't touch the dog's tail!", "Do n't touch the dog 's tail !"),
+        ("They can't, we won't; I'm sure they're here.", "They ca n't , we wo n't ; I 'm sure they 're here ."),
+        ("We've said you'd know what he'll do?", "We 've said you 'd know what he 'll do ?"),
+        ("A man (in a hat) sits.", "A man -LRB- in a hat -RRB- sits ."),
+        ('She says "hi" and "bye".', "She says `` hi '' and `` bye '' ."),
+        ("\u201cCurly\u201d quotes", "`` Curly '' quotes"),
+        ("It costs $3.50, or 1,000 yen at 10:30.", "It costs $ 3.50 , or 1,000 yen at 10:30 ."),
+        ("The U.S. team met Mr. Smith.", "The U.S. team met Mr. Smith ."),
+        ("A well-known man at 5 o'clock", "A well-known man at 5 o'clock"),
+        ("The kids' toys [new] {old}...", "The kids ' toys -LSB- new -RSB- -LCB- old -RCB- ..."),
+        ("He said 'wait' -- then left", "He said ` wait ' -- then left"),
+        ("  spaced\tout \n", "spaced out"),
+        ("", ""),
+    ],
+)
+def test_sentences(text: str, tokens: str):
+    assert tokenize(text) == tokens.split()
+
+
 def test_empty_text_has_no_tokens():
     assert tokenize("") == [] and tokenize(" \n ") == []
 
