@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import random
 import re
 
 import pytest
@@ -96,6 +97,16 @@ def test_empty_text_has_no_tokens():
     assert tokenize("") == [] and tokenize(" \n ") == []
 
 
+def test_tokens_are_never_empty_nor_hold_a_space():
+    """Random strings of the characters the conventions turn on: every token is a non-empty word."""
+    alphabet = "aAnt'\"`.-,/&$()1 :!?\u2019\u201c@_\u00a0"
+    chooser = random.Random(21)
+    for _ in range(2_000):
+        text = "".join(chooser.choice(alphabet) for _ in range(chooser.randint(0, 30)))
+        tokens = tokenize(text)
+        assert all(token and not any(char.isspace() for char in token) for token in tokens), (text, tokens)
+
+
 RESIDUES = {
     Residue.HYPHEN: (["a", "t", "-", "shirt"], ["a", "t-shirt"]),
     Residue.CLITIC: (["doesn't"], ["does", "n't"]),
@@ -113,6 +124,10 @@ RESIDUES = {
 def test_residue_kind(kind):
     ours, theirs = RESIDUES[kind]
     assert residue_kind(ours, theirs) == kind
+
+
+def test_a_cut_inside_nt_is_a_clitic():
+    assert residue_kind(["does", "n", "'t"], ["does", "n't"]) == Residue.CLITIC
 
 
 def test_residue_kind_looks_at_the_first_difference():

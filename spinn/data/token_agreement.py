@@ -45,7 +45,8 @@ class Residue(str, Enum):
     TEXT = "text"  # the parse's characters differ from the raw text's
 
 
-_CLITICS = ("n't", "'s", "'re", "'ve", "'ll", "'d", "'m")
+_NEGATION = "n't"
+_CLITICS = (_NEGATION, "'s", "'re", "'ve", "'ll", "'d", "'m")
 _QUOTES = frozenset("`'\"\u2018\u2019\u201c\u201d")
 _PUNCTUATION = frozenset(",;:!?")
 _BRACKETS = frozenset({"(", ")", "[", "]", "{", "}", "-LRB-", "-RRB-", "-LSB-", "-RSB-", "-LCB-", "-RCB-"})
@@ -100,8 +101,8 @@ def residue_kind(ours: list[str], theirs: list[str]) -> Residue:
     around = text[cut - 1 : cut + 1]
     if "-" in around:
         return Residue.HYPHEN
-    if text[cut:].lower().startswith(_CLITICS):
-        return Residue.CLITIC
+    if text[cut:].lower().startswith(_CLITICS) or text[cut - 1 :].lower().startswith(_NEGATION):
+        return Residue.CLITIC  # cut before a clitic, or inside n't (n 't)
     if not _QUOTES.isdisjoint(around):
         return Residue.QUOTE
     if "." in around:
