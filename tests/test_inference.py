@@ -15,7 +15,6 @@ import torch
 from spinn.bench import load_examples
 from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
-from spinn.data.sentence_pairs import simple_tokenize
 from spinn.errors import SpinnError
 from spinn.inference.graphs import clone_batch, copy_into, shape_key
 from spinn.inference.predict import predict
@@ -24,6 +23,7 @@ from spinn.model.batch import make_batch
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model
 from spinn.model.spinn import SPINN, random_vectors
+from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import Transition, transition_count
 
 SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
@@ -123,7 +123,7 @@ def test_evaluate_label_and_trees_agree_on_the_same_pairs(smoke_model, tmp_path)
     raw = [pair for pair in read_raw_pairs(smoke_model.prepared / "test.parquet") if pair.label is not None]
     raw = raw[:AGREEMENT_PAIRS]
     texts = [(" ".join(pair.premise), " ".join(pair.hypothesis)) for pair in raw]
-    assert all(simple_tokenize(text) == list(pair.premise) for (text, _), pair in zip(texts, raw, strict=True))
+    assert all(tokenize(text) == list(pair.premise) for (text, _), pair in zip(texts, raw, strict=True))
 
     scored = predict_examples(
         loaded.model, encode_pairs(raw, loaded.vocabulary), CPU, source=TransitionSource.GREEDY, batch_size=7

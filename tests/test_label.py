@@ -22,12 +22,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from spinn.data.schema import LABELS
-from spinn.data.sentence_pairs import simple_tokenize
 from spinn.errors import SpinnError
 from spinn.labeling.label import label
 from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shards import parts_folder, rejects_file
 from spinn.parsing.parser import ParserSettings
+from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary
 
 TOLERANCE = 1e-5
@@ -253,7 +253,7 @@ def test_sentences_whose_tree_the_model_builds_reach_it_as_tokens_only(smoke_mod
     assert all(example.premise_transitions == () == example.hypothesis_transitions for example in seen)
     for row, given in zip(read_output(tmp_path / "out.parquet"), rows, strict=True):
         for name in ("premise", "hypothesis"):
-            assert parse_binary(row[f"{name}_tree"]).leaves() == simple_tokenize(given[name])
+            assert parse_binary(row[f"{name}_tree"]).leaves() == tokenize(given[name])
 
 
 def test_a_registered_model_is_named_by_its_resolved_version(smoke_model, tmp_path, monkeypatch):

@@ -19,7 +19,6 @@ from spinn.data.sentence_pairs import (
     detect_format,
     read_input_pairs,
     resolve_columns,
-    simple_tokenize,
 )
 from spinn.errors import SpinnError
 
@@ -435,29 +434,3 @@ def test_unknown_format_of_an_existing_file(tmp_path: Path):
     path.write_bytes(b"")
     with pytest.raises(SpinnError, match=r"pairs\.xlsx: cannot tell the format"):
         read_input_pairs(path)
-
-
-# --------------------------------------------------------------------------- tokens
-
-
-@pytest.mark.parametrize(
-    ("text", "tokens"),
-    [  # expected tokens written space-separated
-        ("A dog runs.", "A dog runs ."),
-        ("Don't touch the dog's tail!", "Do n't touch the dog 's tail !"),
-        ("They can't, we won't; I'm sure they're here.", "They ca n't , we wo n't ; I 'm sure they 're here ."),
-        ("We've said you'd know what he'll do?", "We 've said you 'd know what he 'll do ?"),
-        ("A man (in a hat) sits.", "A man -LRB- in a hat -RRB- sits ."),
-        ('She says "hi" and "bye".', "She says `` hi '' and `` bye '' ."),
-        ("\u201cCurly\u201d quotes", "`` Curly '' quotes"),
-        ("It costs $3.50, or 1,000 yen at 10:30.", "It costs $ 3.50 , or 1,000 yen at 10:30 ."),
-        ("The U.S. team met Mr. Smith.", "The U.S. team met Mr. Smith ."),
-        ("A well-known man at 5 o'clock", "A well-known man at 5 o'clock"),
-        ("The kids' toys [new] {old}...", "The kids ' toys -LSB- new -RSB- -LCB- old -RCB- ..."),
-        ("He said 'wait' -- then left", "He said ` wait ' -- then left"),
-        ("  spaced\tout \n", "spaced out"),
-        ("", ""),
-    ],
-)
-def test_simple_tokenize(text: str, tokens: str):
-    assert simple_tokenize(text) == tokens.split()

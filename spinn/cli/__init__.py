@@ -36,6 +36,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "vocab": ("spinn.cli.data", "vocab"),
     "embeddings": ("spinn.cli.data", "embeddings"),
     "check-binarization": ("spinn.cli.data", "check_binarization"),
+    "check-tokens": ("spinn.cli.data", "check_tokens"),
     "train": ("spinn.cli.training", "train"),
     "evaluate": ("spinn.cli.training", "evaluate"),
     "parse": ("spinn.cli.labeling", "parse"),

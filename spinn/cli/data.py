@@ -1,4 +1,4 @@
-"""`spinn download | prepare | vocab | embeddings | check-binarization`: the data stages."""
+"""`spinn download | prepare | vocab | embeddings | check-binarization | check-tokens`: the data stages."""
 
 from __future__ import annotations
 
@@ -127,6 +127,28 @@ def check_binarization(input_path: Path, member: str | None, show: int) -> None:
     agreement = binarization_agreement(input_path, member)
     for mismatch in agreement.examples[:show]:
         click.echo(f"line {mismatch.line} {mismatch.field}\n  ours:   {mismatch.ours}\n  corpus: {mismatch.theirs}")
+    if agreement.unreadable:
+        click.echo(f"unreadable sentences skipped: {agreement.unreadable}")
+    click.echo(agreement.summary_line())
+
+
+@click.command("check-tokens")
+@click.argument("input_path", metavar="FILE", type=PATH)
+@click.option("--member", help="File inside a zip FILE.")
+@click.option("--residue", is_flag=True, help="Also print the differing sentences, grouped by kind.")
+@click.option("--examples", type=click.IntRange(min=0), default=3, show_default=True, help="Sentences shown per kind.")
+def check_tokens(input_path: Path, member: str | None, residue: bool, examples: int) -> None:
+    """Tokenize every sentence1/sentence2 with spinn.trees.tokenize and report agreement with the leaves of
+    sentence*_binary_parse (the tokens a model trained on the corpus knows)."""
+    from spinn.data.token_agreement import token_agreement
+
+    agreement = token_agreement(input_path, member)
+    if residue:
+        for kind, count in agreement.kinds.most_common():
+            click.echo(f"residue {kind.value}: {count}")
+            for mismatch in agreement.examples_by_kind[kind][:examples]:
+                click.echo(f"  line {mismatch.line} {mismatch.field}\n    ours:   {mismatch.ours}")
+                click.echo(f"    corpus: {mismatch.theirs}")
     if agreement.unreadable:
         click.echo(f"unreadable sentences skipped: {agreement.unreadable}")
     click.echo(agreement.summary_line())

@@ -15,13 +15,14 @@ from pathlib import Path
 from pydantic import Field
 
 from spinn.data.pairs import Example
-from spinn.data.sentence_pairs import InputPair, read_input_pairs, simple_tokenize
+from spinn.data.sentence_pairs import InputPair, read_input_pairs
 from spinn.errors import SpinnError
 from spinn.inference.predict import predict
 from spinn.io import atomic_path
 from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.settings import Device, Settings
+from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary, transitions_to_tree
 from spinn.trees.tree import format_binary
 from spinn.trees.treeview import render_trees
@@ -74,13 +75,13 @@ def induce_trees(
 def _sentences(path: Path) -> Iterator[list[str]]:
     if path.name.endswith(TEXT_SUFFIX):
         for line in path.read_text(encoding="utf-8").splitlines():
-            yield simple_tokenize(line)
+            yield tokenize(line)
         return
     seen: set[tuple[str, ...]] = set()
     for item in read_input_pairs(path):
         if not isinstance(item, InputPair):
             continue
-        for tokens in (simple_tokenize(item.premise), simple_tokenize(item.hypothesis)):
+        for tokens in (tokenize(item.premise), tokenize(item.hypothesis)):
             if tuple(tokens) not in seen:
                 seen.add(tuple(tokens))
                 yield tokens

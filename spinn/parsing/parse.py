@@ -23,10 +23,11 @@ from pydantic import Field
 from spinn.data.prepare import PairWriter, PrepareSummary, infer_split
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.schema import pair_schema
-from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs, simple_tokenize
+from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
 from spinn.io import atomic_paths
 from spinn.parsing.parser import Parsed, ParserSettings, SentenceParser, Unparsed
 from spinn.settings import Settings
+from spinn.trees.tokenize import tokenize
 
 TREES_STANZA, TREES_NONE = "stanza", "none"
 CHUNK_PAIRS = 10_000
@@ -54,7 +55,7 @@ class Tokenized:
 
 
 class TokenOnly:
-    """The no-parser stand-in for SentenceParser: tokens (spinn.data.sentence_pairs.simple_tokenize) and no tree.
+    """The no-parser stand-in for SentenceParser: SNLI's tokens (spinn.trees.tokenize) and no tree.
 
     For models that build their own trees (rl, or spinn on predicted
     transitions): pairs are stored with empty transition lists.
@@ -78,7 +79,7 @@ class TokenOnly:
         return Tokenized(results, time.perf_counter() - started, len(results))
 
     def _tokens(self, text: str) -> Parsed | Unparsed:
-        tokens = simple_tokenize(text)
+        tokens = tokenize(text)
         if not tokens:
             return Unparsed(RejectReason.EMPTY_SENTENCE, "no tokens")
         if len(tokens) > self.max_tokens:
