@@ -15,7 +15,7 @@ import torch
 
 from spinn.bench import load_examples, take_batches
 from spinn.model.batch import WIDTH_STEP, make_batch
-from spinn.model.config import SPINNConfig
+from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.training.loader import prefetch
@@ -84,7 +84,7 @@ def test_the_step_is_a_plain_rmsprop_step():
     step(batch, 0)
     plain.train()
     optimizer.zero_grad()
-    spinn_loss(plain(batch), batch, plain.config).total.backward()
+    spinn_loss(plain(batch, source=TransitionSource.GOLD), batch, plain.config).total.backward()
     torch.nn.utils.clip_grad_norm_(plain.parameters(), 5.0)
     optimizer.step()
     for (name, mine), theirs in zip(step.model.state_dict().items(), plain.state_dict().values(), strict=True):
@@ -141,8 +141,8 @@ def test_inference_step_equals_the_model():
     model = trainer("spinn", vocab_size).model.eval()
     batch = make_batch(examples[:16])
     with torch.no_grad():
-        expected = model(batch, predict_transitions=True)
-    found = InferStep(model, predict_transitions=True)(batch)
+        expected = model(batch, source=TransitionSource.GREEDY)
+    found = InferStep(model, source=TransitionSource.GREEDY)(batch)
     assert torch.equal(found.logits, expected.logits) and torch.equal(found.transitions, expected.transitions)
 
 

@@ -56,6 +56,7 @@ from spinn.errors import SpinnError
 from spinn.io import LOCK_NAME, atomic_path, atomic_paths, file_digest, lock_folder, tidy_folder
 from spinn.labeling.progress import LabelProgress, ShardShare
 from spinn.model.batch import WIDTH_STEP, bucket_batches, make_batch, own_steps
+from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.parsing.parse import SENTENCES, TokenOnly
 from spinn.parsing.parser import Parsed, ParserSettings, SentenceParser, Unparsed, torch_threads
@@ -254,7 +255,10 @@ class Labeller:
         self.reference = tracking.resolve_model_uri(reference) if self.is_registered else reference
         self.loaded: LoadedModel = load_model(self.reference, resolve_device(settings.device))
         self.parser_name = resolve_parser(settings.parser, self.loaded)
-        self.infer = InferStep(self.loaded.model, predict_transitions=self.parser_name == PARSER_MODEL)
+        self.infer = InferStep(
+            self.loaded.model,
+            source=TransitionSource.GREEDY if self.parser_name == PARSER_MODEL else TransitionSource.GOLD,
+        )
         self.parser = (
             SentenceParser(settings.parsing)
             if self.parser_name == PARSER_STANZA

@@ -27,15 +27,15 @@ from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError
 from spinn.io import atomic_path, write_json
-from spinn.model.batch import PAD_TRANSITION, WIDTH_STEP, bucket_batches, make_batch, own_steps
+from spinn.model.batch import WIDTH_STEP, bucket_batches, make_batch, own_steps
 from spinn.model.checkpoint import check_vocabulary
-from spinn.model.config import SPINNConfig
+from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
 from spinn.model.spinn import SPINN, transition_counts
 from spinn.settings import Device, Settings
 from spinn.training.metrics import Metrics, plot_confusion, score
 from spinn.training.step import InferStep
-from spinn.trees.transitions import bracket_counts
+from spinn.trees.transitions import PAD_TRANSITION, bracket_counts
 
 EVAL_BATCH_SIZE = 256
 
@@ -68,7 +68,7 @@ def predict_examples(
     Results stay on the device until the last batch is done, and come back in one read. A caller that
     scores often (training's dev evaluation) passes its own InferStep, so its CUDA graphs are kept."""
     was_training = model.training
-    infer = infer or InferStep(model, predict_transitions=predict_transitions)
+    infer = infer or InferStep(model, source=TransitionSource.GREEDY if predict_transitions else TransitionSource.GOLD)
     gold, predicted, counts, runs = [], [], [], []
     batches = bucket_batches(examples, batch_size, shuffle=False)
     bar = tqdm(total=len(examples), disable=not progress, unit="pair", desc="evaluate", dynamic_ncols=True)

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from spinn.model.batch import Batch
+from spinn.model.config import TransitionSource
 from spinn.model.spinn import SPINN, Loss, SPINNOutput, spinn_loss
 from spinn.training.distributed import summed
 
@@ -148,7 +149,7 @@ class TrainStep:
         """The step itself: what a graph captures."""
         self.optimizer.zero_grad(set_to_none=True)
         with _autocast(self.device, self.options.amp, self.graphs is not None):
-            output = self.network(batch)
+            output = self.network(batch, source=self.model.config.training_source)
             loss = spinn_loss(output, batch, self.model.config)
         loss.total.backward()
         torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], self.options.clip_norm, foreach=True)
@@ -163,8 +164,8 @@ class InferStep:
 
     What it returns is the caller's to keep (a replayed graph's outputs are copied out)."""
 
-    def __init__(self, model: SPINN, *, predict_transitions: bool = False, amp: bool = False, graphs: bool = True):
-        self.model, self.predict, self.amp = model, predict_transitions, amp
+    def __init__(self, model: SPINN, *, source: TransitionSource, amp: bool = False, graphs: bool = True):
+        self.model, self.source, self.amp = model, source, amp
         self.device = next(model.parameters()).device
         self.graphs = _Graphs(self._run, self.device) if graphs and self.device.type == "cuda" else None
 
@@ -177,7 +178,7 @@ class InferStep:
 
     def _run(self, batch: Batch) -> SPINNOutput:
         with torch.no_grad(), _autocast(self.device, self.amp, self.graphs is not None):
-            return self.model(batch, predict_transitions=self.predict)
+            return self.model(batch, source=self.source)
 
 
 def _autocast(device: torch.device, amp: bool, graphed: bool) -> contextlib.AbstractContextManager:

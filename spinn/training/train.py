@@ -389,7 +389,7 @@ def _build(
         model,
         optimizer,
         step,
-        InferStep(model, predict_transitions=model_config.samples_transitions, graphs=config.graphs),
+        InferStep(model, source=model_config.evaluation_source, graphs=config.graphs),
         vocabulary,
         read_examples(train_path, vocabulary),
         read_examples(dev_path, vocabulary),
