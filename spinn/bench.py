@@ -45,7 +45,7 @@ from pydantic import Field, model_validator
 from spinn.data.pairs import Example, corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
-from spinn.model.config import SPINNConfig, TransitionSource
+from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
 from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
@@ -79,6 +79,8 @@ class BenchSettings(Settings):
     """train: the training step; infer: the inference step; loop: the training loop with its loader."""
     impl: Implementation = "fast"
     """reference: the seed article's per-example stacks, kept only for comparison."""
+    encoder: EncoderKind = "fused"
+    """The fast model's encoder: fused (the thin stack) or spec, the readable loop it equals (spinn/model/spec.py)."""
     batch_size: int = Field(128, ge=1)
     """Pairs per step."""
     d_hidden: int = Field(300, ge=1)
@@ -141,7 +143,11 @@ def _run(settings: BenchSettings) -> dict[str, Any]:
     torch.manual_seed(settings.seed)
     examples, vocab_size = load_examples(settings.corpus, settings.pairs, settings.seed, settings.mode != "infer")
     config = SPINNConfig(
-        variant=settings.variant, d_embed=settings.d_embed, d_hidden=settings.d_hidden, d_tracker=settings.d_tracker
+        variant=settings.variant,
+        encoder=settings.encoder,
+        d_embed=settings.d_embed,
+        d_hidden=settings.d_hidden,
+        d_tracker=settings.d_tracker,
     )
     model = SPINN(config, random_vectors(vocab_size, settings.d_embed, settings.seed)).to(settings.device)
     source = _source(settings, config)

@@ -59,7 +59,7 @@ def predict_examples(
     device: torch.device,
     *,
     batch_size: int = EVAL_BATCH_SIZE,
-    predict_transitions: bool = False,
+    source: TransitionSource = TransitionSource.GOLD,
     infer: InferStep | None = None,
     progress: bool = False,
 ) -> Predictions:
@@ -68,7 +68,7 @@ def predict_examples(
     Results stay on the device until the last batch is done, and come back in one read. A caller that
     scores often (training's dev evaluation) passes its own InferStep, so its CUDA graphs are kept."""
     was_training = model.training
-    infer = infer or InferStep(model, source=TransitionSource.GREEDY if predict_transitions else TransitionSource.GOLD)
+    infer = infer or InferStep(model, source=source)
     gold, predicted, counts, runs = [], [], [], []
     batches = bucket_batches(examples, batch_size, shuffle=False)
     bar = tqdm(total=len(examples), disable=not progress, unit="pair", desc="evaluate", dynamic_ncols=True)
@@ -82,7 +82,7 @@ def predict_examples(
             predicted.append(output.logits.argmax(1))
             if output.transition_logits is not None:
                 counts.append(transition_counts(output, batch))
-            if predict_transitions:
+            if source is not TransitionSource.GOLD:
                 runs.append((output.transitions, host))
     model.train(was_training)
     steps, correct = torch.stack(counts).sum(0).tolist() if counts else (0, 0)
@@ -112,13 +112,11 @@ def score_examples(
     device: torch.device,
     *,
     batch_size: int = EVAL_BATCH_SIZE,
-    predict_transitions: bool = False,
+    source: TransitionSource = TransitionSource.GOLD,
     infer: InferStep | None = None,
 ) -> Metrics:
     """Accuracy and friends of `model` on labelled examples."""
-    return predict_examples(
-        model, examples, device, batch_size=batch_size, predict_transitions=predict_transitions, infer=infer
-    ).metrics()
+    return predict_examples(model, examples, device, batch_size=batch_size, source=source, infer=infer).metrics()
 
 
 def read_examples(path: Path, vocabulary: Vocabulary) -> list[Example]:
@@ -169,7 +167,7 @@ def evaluate(
         examples,
         next(loaded.model.parameters()).device,
         batch_size=settings.batch_size,
-        predict_transitions=predict,
+        source=TransitionSource.GREEDY if predict else TransitionSource.GOLD,
         progress=progress,
     )
     tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))

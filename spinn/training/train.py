@@ -609,7 +609,7 @@ def _evaluate_dev(run: _Run, state: TrainState, tracking) -> int:
     """Dev accuracy now; keeps best.pt; returns evaluations since the best one (for early stopping)."""
     # rl is scored on the trees it builds itself (greedy): that is how it will be used.
     metrics = score_examples(
-        run.model, run.dev, run.device, predict_transitions=run.model.config.samples_transitions, infer=run.dev_infer
+        run.model, run.dev, run.device, source=run.model.config.evaluation_source, infer=run.dev_infer
     )
     state.last_eval_step = state.step
     logged = {"dev_accuracy": metrics.accuracy}
