@@ -83,6 +83,26 @@ def test_fused_encoder_equals_the_spec(dev, variant, source):
         torch.testing.assert_close(mine, theirs, rtol=TOLERANCE, atol=TOLERANCE, msg=name)
 
 
+def mean_forget_tree_lstm(gates: torch.Tensor, c_children: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A different composition cell, same gate layout: one forget gate, the mean of f1 and f2, for both children."""
+    d = c_children.shape[1] // 2
+    a, i, f1, f2, o = gates.split(d, 1)  # (R, D) each
+    forget = torch.sigmoid((f1 + f2) / 2)  # (R, D)
+    c = torch.tanh(a) * torch.sigmoid(i) + forget * (c_children[:, :d] + c_children[:, d:])  # (R, D)
+    return torch.sigmoid(o) * torch.tanh(c), c
+
+
+def test_a_new_cell_runs_under_the_spec_with_no_other_change(dev):
+    """Only cells.py changes (here: Reduce.cell); the spec composes with it and autograd trains it."""
+    batch, vocab_size = dev
+    fused, spec = twins("pi", vocab_size)
+    spec.encoder.reduce.cell = mean_forget_tree_lstm
+    output = run(spec, batch, TransitionSource.GOLD)
+    assert not torch.allclose(output.logits, fused(batch, source=TransitionSource.GOLD).logits)
+    weight = spec.encoder.reduce.compose.weight.grad
+    assert torch.isfinite(weight).all() and weight.abs().sum() > 0
+
+
 def test_the_spec_runs_under_inference(dev):
     """No autograd (evaluation, labelling): the spec gives the fused path's predictions too."""
     batch, vocab_size = dev
