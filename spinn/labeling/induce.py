@@ -18,6 +18,7 @@ from spinn.data.vocab import PAD_ID
 from spinn.errors import SpinnError
 from spinn.io import atomic_path
 from spinn.model.batch import own_steps
+from spinn.model.config import TransitionSource
 from spinn.model.loading import load_model, resolve_device
 from spinn.settings import Device, Settings
 from spinn.trees.transitions import parse_binary, transitions_to_tree
@@ -94,7 +95,8 @@ def _trees(loaded, sentences: list[list[str]]) -> list[str]:
     for row, tokens in enumerate(sentences):
         ids[row, : len(tokens)] = torch.tensor(vocabulary.encode(tokens))
     with torch.no_grad():
-        taken = model.eval().encode(ids.to(device), lengths.to(device), None).transitions.cpu()  # (N, T)
+        encoding = model.eval().encode(ids.to(device), lengths.to(device), TransitionSource.GREEDY)
+        taken = encoding.transitions.cpu()  # (N, T)
     return [
         format_binary(transitions_to_tree(tokens, own_steps(taken, row, len(tokens))))
         for row, tokens in enumerate(sentences)

@@ -158,7 +158,7 @@ class SPINN(nn.Module):
 
         sampled: rl draws its trees from `uniforms` (N, T) when given (tests), else fresh draws.
         """
-        self._check_source(source, batch)
+        self._check_trees(source, batch)
         sampled = source is TransitionSource.SAMPLED
         if sampled and uniforms is None:
             uniforms = draw_uniforms(batch.tokens.shape[0], batch.transitions.shape[1], batch.tokens.device)
@@ -168,10 +168,8 @@ class SPINN(nn.Module):
         baseline = self.baseline(self._pair_features(batch)) if sampled else None  # (B,)
         return SPINNOutput(logits, premise, hypothesis, encoding.transition_logits, encoding.transitions, baseline)
 
-    def _check_source(self, source: TransitionSource, batch: Batch) -> None:
-        if source not in self.config.sources:
-            runs = ", ".join(item.value for item in self.config.sources)
-            raise SpinnError(f"a {self.config.variant} model cannot run on {source.value} transitions, only {runs}")
+    def _check_trees(self, source: TransitionSource, batch: Batch) -> None:
+        """Gold transitions need a parse of every sentence (a plan); tokens-only data has none."""
         if source is TransitionSource.GOLD and self.config.uses_trees and batch.plan is None:
             raise SpinnError(
                 "some sentences have no tree (tokens-only data): only a model that builds its own "
@@ -203,6 +201,9 @@ class SPINN(nn.Module):
         """Sentence vectors of N sentences: tokens (N, L), lengths (N,); source gold runs the plan of the
         transitions (N, T) it was made from; greedy and sampled the model's own choices (sampled: from
         uniforms (N, T))."""
+        if source not in self.config.sources:
+            runs = ", ".join(item.value for item in self.config.sources)
+            raise SpinnError(f"a {self.config.variant} model cannot run on {source.value} transitions, only {runs}")
         n, width = tokens.shape
         real_words = torch.arange(width, device=tokens.device) < lengths[:, None]  # (N, L)
         words = self.embedding(tokens.reshape(-1), real_words.reshape(-1)).to(self.state_dtype)  # (N*L, 2D)
