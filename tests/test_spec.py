@@ -121,6 +121,14 @@ def test_a_source_the_variant_cannot_run_is_refused(dev, variant, source):
         model(batch, source=source)
 
 
+def test_draws_without_sampling_are_refused(dev):
+    """The fused chooser samples whenever it has draws: a greedy run must not be handed any."""
+    batch, vocab_size = dev
+    model, _ = twins("rl", vocab_size)
+    with pytest.raises(SpinnError, match="uniform draws are for sampled transitions"):
+        model(batch, source=TransitionSource.GREEDY, uniforms=torch.rand(batch.transitions.shape))
+
+
 def test_a_checkpoint_from_before_the_choice_loads_as_fused():
     assert "encoder" not in load_checkpoint(RELEASE / "checkpoint.pt")["model_config"]
     assert load_model(RELEASE / "checkpoint.pt", torch.device("cpu")).model.config.encoder == "fused"

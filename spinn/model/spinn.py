@@ -204,6 +204,8 @@ class SPINN(nn.Module):
         if source not in self.config.sources:
             runs = ", ".join(item.value for item in self.config.sources)
             raise SpinnError(f"a {self.config.variant} model cannot run on {source.value} transitions, only {runs}")
+        if uniforms is not None and source is not TransitionSource.SAMPLED:
+            raise SpinnError(f"uniform draws are for sampled transitions; this run is {source.value}")
         n, width = tokens.shape
         real_words = torch.arange(width, device=tokens.device) < lengths[:, None]  # (N, L)
         words = self.embedding(tokens.reshape(-1), real_words.reshape(-1)).to(self.state_dtype)  # (N*L, 2D)
