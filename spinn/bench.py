@@ -46,7 +46,7 @@ from spinn.data.pairs import Example, corpus_vocabulary, encode_pairs, read_raw_
 from spinn.errors import SpinnError
 from spinn.inference.step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
-from spinn.model.config import SPINNConfig, TransitionSource
+from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
 from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
@@ -80,6 +80,8 @@ class BenchSettings(Settings):
     """train: the training step; infer: the inference step; loop: the training loop with its loader."""
     impl: Implementation = "fast"
     """reference: the seed article's per-example stacks, kept only for comparison."""
+    encoder: EncoderKind = "fused"
+    """The fast model's encoder: fused (the thin stack) or spec, the readable loop it equals (spinn/model/spec.py)."""
     batch_size: int = Field(128, ge=1)
     """Pairs per step."""
     d_hidden: int = Field(300, ge=1)
@@ -142,13 +144,17 @@ def _run(settings: BenchSettings) -> dict[str, Any]:
     torch.manual_seed(settings.seed)
     examples, vocab_size = load_examples(settings.corpus, settings.pairs, settings.seed, settings.mode != "infer")
     config = SPINNConfig(
-        variant=settings.variant, d_embed=settings.d_embed, d_hidden=settings.d_hidden, d_tracker=settings.d_tracker
+        variant=settings.variant,
+        encoder=settings.encoder,
+        d_embed=settings.d_embed,
+        d_hidden=settings.d_hidden,
+        d_tracker=settings.d_tracker,
     )
     model = SPINN(config, random_vectors(vocab_size, settings.d_embed, settings.seed)).to(settings.device)
-    predict = settings.mode == "infer" and config.predicts_transitions and settings.impl == "fast"
+    source = _source(settings, config)
     count = settings.warmup + settings.steps
     host_batches = take_batches(examples, settings.batch_size, count, settings.seed)
-    step, batches = _stepper(settings, model, predict, examples, host_batches)
+    step, batches = _stepper(settings, model, source, examples, host_batches)
     seconds, peak = _time(step, batches, settings.warmup, settings.device)
     timed = host_batches[settings.warmup :]
     timed_pairs = sum(batch.pairs for batch in timed)
@@ -162,7 +168,7 @@ def _run(settings: BenchSettings) -> dict[str, Any]:
         "timed_pairs": timed_pairs,
         "mean_transition_steps": mean_steps,
         "mean_padding_fraction": sum(padding_fraction(batch) for batch in timed) / len(timed),
-        "transitions": _transitions_kind(predict, settings.mode, config),
+        "transitions": "predicted" if source is TransitionSource.GREEDY else source.value,
         **settings.to_dict(),
         "pairs": len(examples),
         "mlp_layers": config.mlp_layers,
@@ -171,7 +177,7 @@ def _run(settings: BenchSettings) -> dict[str, Any]:
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
-    again = _repeat(settings, model, predict, host_batches[settings.warmup :])
+    again = _repeat(settings, model, source, host_batches[settings.warmup :])
     if settings.count_ops:
         result.update(_count(again, mean_steps))
     if settings.profile:
@@ -180,7 +186,7 @@ def _run(settings: BenchSettings) -> dict[str, Any]:
 
 
 def _stepper(
-    settings: BenchSettings, model: SPINN, predict: bool, examples: list[Example], host_batches: list[Batch]
+    settings: BenchSettings, model: SPINN, source: TransitionSource, examples: list[Example], host_batches: list[Batch]
 ) -> tuple[Callable[[Any], None], list]:
     """The step to time and what it is called with: device batches, or (loop) index lists for the loader."""
     device = torch.device(settings.device)
@@ -189,16 +195,14 @@ def _stepper(
         indices = list(islice(cycle(order), settings.warmup + settings.steps))
         return _LoopStep(_train_step(settings, model, settings.graphs), examples, indices, device), indices
     batches = [batch.to(device) for batch in host_batches]
-    return _step_of(settings, model, predict, settings.graphs), batches
+    return _step_of(settings, model, source, settings.graphs), batches
 
 
-def _step_of(settings: BenchSettings, model: SPINN, predict: bool, graphs: bool) -> Callable[[Batch], Any]:
+def _step_of(settings: BenchSettings, model: SPINN, source: TransitionSource, graphs: bool) -> Callable[[Batch], Any]:
     if settings.impl == "reference":
-        return _reference_step(settings, model, predict)
+        return _reference_step(settings, model)
     if settings.mode == "infer":
-        return InferStep(
-            model, TransitionSource.GREEDY if predict else TransitionSource.GOLD, amp=settings.amp, graphs=graphs
-        )
+        return InferStep(model, source=source, amp=settings.amp, graphs=graphs)
     return _train_step(settings, model, graphs)
 
 
@@ -234,10 +238,12 @@ class _LoopStep:
             self.calls.train.metrics.read()
 
 
-def _repeat(settings: BenchSettings, model: SPINN, predict: bool, host_batches: list[Batch]) -> Callable[[int], None]:
+def _repeat(
+    settings: BenchSettings, model: SPINN, source: TransitionSource, host_batches: list[Batch]
+) -> Callable[[int], None]:
     """Run n more steps of the timed kind, eagerly (ops are counted, kernels profiled, as launched)."""
     batches = [batch.to(settings.device) for batch in host_batches]
-    step = _step_of(settings, model, predict, graphs=settings.graphs and settings.profile)
+    step = _step_of(settings, model, source, graphs=settings.graphs and settings.profile)
 
     def run(count: int) -> None:
         for batch in islice(cycle(batches), count):
@@ -290,7 +296,7 @@ def _union_length(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _reference_step(settings: BenchSettings, model: SPINN, predict: bool) -> Callable[[Batch], None]:
+def _reference_step(settings: BenchSettings, model: SPINN) -> Callable[[Batch], None]:
     """The seed article's algorithm with the same weights: a plain eager step."""
     runner = ReferenceSPINN(model)
     if settings.mode == "infer":
@@ -298,7 +304,7 @@ def _reference_step(settings: BenchSettings, model: SPINN, predict: bool) -> Cal
 
         def infer(batch: Batch) -> None:
             with torch.no_grad(), _autocast(settings.device, settings.amp):
-                runner(batch, predict_transitions=predict)
+                runner(batch, source=TransitionSource.GOLD)
 
         return infer
     model.train()
@@ -307,17 +313,21 @@ def _reference_step(settings: BenchSettings, model: SPINN, predict: bool) -> Cal
     def train(batch: Batch) -> None:
         optimizer.zero_grad(set_to_none=True)
         with _autocast(settings.device, settings.amp):
-            loss = spinn_loss(runner(batch), batch, model.config).total
+            loss = spinn_loss(runner(batch, source=TransitionSource.GOLD), batch, model.config).total
         loss.backward()
         optimizer.step()
 
     return train
 
 
-def _transitions_kind(predict: bool, mode: str, config: SPINNConfig) -> str:
-    if predict:
-        return "predicted"
-    return "sampled" if mode != "infer" and config.samples_transitions else "gold"
+def _source(settings: BenchSettings, config: SPINNConfig) -> TransitionSource:
+    """What the timed steps run on: the reference only knows gold; inference by spinn and rl takes their
+    own best trees, as labelling without a parser does; training is the training step's."""
+    if settings.impl == "reference":
+        return TransitionSource.GOLD
+    if settings.mode == "infer":
+        return TransitionSource.GREEDY if config.predicts_transitions else TransitionSource.GOLD
+    return config.training_source
 
 
 def load_examples(corpus: Path, pairs: int | None, seed: int, labelled: bool) -> tuple[list[Example], int]:

@@ -14,8 +14,8 @@ from spinn.data.pairs import Example, RawPair, corpus_vocabulary, encode_pairs, 
 from spinn.data.schema import LABELS
 from spinn.data.vocab import PAD_ID, UNK_ID
 from spinn.errors import SpinnError
-from spinn.model.batch import BUCKET_NOISE, PAD_TRANSITION, bucket_batches, make_batch, padding_fraction
-from spinn.trees.transitions import Transition, check_transitions, read_binary_parse
+from spinn.model.batch import BUCKET_NOISE, bucket_batches, make_batch, padding_fraction
+from spinn.trees.transitions import PAD_TRANSITION, Transition, check_transitions, read_binary_parse
 
 SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
 needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")

@@ -109,6 +109,15 @@ def test_every_combination_runs(corpus, variant, mode, impl):
     assert result["transitions"] == ("predicted" if predicted else "gold")
 
 
+@pytest.mark.parametrize("variant", ["spinn", "rl"])
+@pytest.mark.parametrize("mode", ["train", "infer"])
+def test_the_spec_encoder_times_on_the_sources_of_the_fused_one(corpus, variant, mode):
+    result = bench(corpus, variant=variant, mode=mode, encoder="spec", **TINY)
+    assert result["pairs_per_second"] > 0 and result["encoder"] == "spec"
+    expected = {"infer": "predicted", "train": "sampled" if variant == "rl" else "gold"}[mode]
+    assert result["transitions"] == expected
+
+
 def test_resamples_to_the_requested_number_of_pairs(corpus):
     result = bench(corpus, pairs=40, **{**TINY, "batch_size": 8, "steps": 6})
     assert result["pairs"] == 40

@@ -15,9 +15,10 @@ import pytest
 import torch
 
 from spinn.data.pairs import Example
-from spinn.model.batch import PAD_TRANSITION, make_batch
+from spinn.model.batch import make_batch
 from spinn.model.config import SPINNConfig
 from spinn.model.spinn import SPINN, spinn_loss
+from spinn.trees.transitions import PAD_TRANSITION
 
 FIXTURES = Path(__file__).parent / "fixtures" / "encoder-0.1.0"
 TOLERANCE = 1e-10  # float64: only the order of summation differs
@@ -65,7 +66,7 @@ def test_outputs_gradients_and_statistics_match_release_0_1(variant):
     batch = make_batch(examples_of(record))
     assert torch.equal(batch.tokens[:, : record["tokens"].shape[1]], record["tokens"])
     uniforms = record["uniforms_by_own_step"] if variant == "rl" else None
-    output = model(batch, uniforms=uniforms)
+    output = model(batch, source=config.training_source, uniforms=uniforms)
     loss = spinn_loss(output, batch, config)
     assert_close(output.logits, record["logits"], "logits")
     tolerance = POLICY_TOLERANCE if variant == "rl" else TOLERANCE

@@ -67,7 +67,7 @@ def test_inference_step_equals_the_model(snli_examples):
     model = random_model("spinn", vocab_size)
     batch = make_batch(examples[:16])
     with torch.no_grad():
-        expected = model(batch, predict_transitions=True)
+        expected = model(batch, source=TransitionSource.GREEDY)
     found = InferStep(model, TransitionSource.GREEDY)(batch)
     assert torch.equal(found.logits, expected.logits) and torch.equal(found.transitions, expected.transitions)
 
@@ -83,7 +83,7 @@ def test_predict_gives_each_pair_what_the_model_gives_it_alone_in_input_order(sn
     assert predict(model, examples, CPU, 64, source).premise_transitions == found.premise_transitions
     for index in (0, 7, 23):
         with torch.no_grad():
-            alone = model(make_batch([examples[index]]), predict_transitions=source is TransitionSource.GREEDY)
+            alone = model(make_batch([examples[index]]), source=source)
         expected = torch.softmax(alone.logits, dim=1)[0]  # (C,)
         assert torch.allclose(torch.from_numpy(found.probabilities[index]), expected, atol=TOLERANCE)
         assert found.labels[index] == int(expected.argmax())

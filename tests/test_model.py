@@ -11,13 +11,20 @@ from torch.func import functional_call
 from spinn.data.pairs import Example, corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
 from spinn.model.addressing import gold_plan
-from spinn.model.batch import PAD_TRANSITION, Batch, make_batch
-from spinn.model.config import PRESETS, TREE_VARIANTS, SPINNConfig
+from spinn.model.batch import Batch, make_batch
+from spinn.model.config import PRESETS, TREE_VARIANTS, SPINNConfig, TransitionSource
 from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss, transition_counts
-from spinn.trees.transitions import Transition, check_transitions, read_binary_parse, transitions_to_tree
+from spinn.trees.transitions import (
+    PAD_TRANSITION,
+    Transition,
+    check_transitions,
+    read_binary_parse,
+    transitions_to_tree,
+)
 from spinn.trees.tree import Tree
 
+GOLD = TransitionSource.GOLD
 SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
 needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
 
@@ -130,15 +137,15 @@ def test_embedding_matrix_shape_is_checked():
 def test_only_spinn_predicts_transitions():
     examples, vocab_size = tiny_examples()
     model = build(PRESETS["tiny"].replace(variant="pi"), vocab_size)
-    with pytest.raises(SpinnError, match="cannot predict"):
-        model(make_batch(examples), predict_transitions=True)
+    with pytest.raises(SpinnError, match="cannot run on greedy transitions"):
+        model(make_batch(examples), source=TransitionSource.GREEDY)
 
 
 # ----------------------------------------------------------------------------- batched = one by one
 
 
 def encode_alone(model: SPINN, examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    outputs = [model(make_batch([e])) for e in examples]
+    outputs = [model(make_batch([e]), source=GOLD) for e in examples]
     return (
         torch.cat([o.logits for o in outputs]),
         torch.cat([o.premise for o in outputs]),
@@ -154,7 +161,7 @@ def test_batch_equals_examples_one_by_one(snli, mixed, variant, dtype, tolerance
     batch = make_batch(mixed)
     assert len(set(batch.lengths.tolist())) > 8, "the batch should mix many sentence lengths"
     with torch.no_grad():
-        together = model(batch)
+        together = model(batch, source=GOLD)
         logits, premise, hypothesis = encode_alone(model, mixed)
     assert_close(together.premise, premise, tolerance)
     assert_close(together.hypothesis, hypothesis, tolerance)
@@ -172,7 +179,7 @@ def test_padding_to_a_bucket_width_changes_nothing(snli, mixed, variant):
     outputs, grads = [], []
     for batch in (exact, padded):
         uniforms = {key: value[:, : batch.transitions.shape[1]] for key, value in draws.items()}
-        output = model(batch, **uniforms)
+        output = model(batch, source=model.config.training_source, **uniforms)
         parameters = [p for p in model.parameters() if p.requires_grad]
         grads.append(torch.autograd.grad(spinn_loss(output, batch, model.config).total, parameters))
         outputs.append(output)
@@ -206,7 +213,7 @@ def test_pi_nt_matches_a_simple_tree_recursion(snli):
     model = build(config, len(vocabulary), torch.float64)
     chosen = list(range(0, 400, 20))
     with torch.no_grad():
-        output = model(make_batch([examples[i] for i in chosen]))
+        output = model(make_batch([examples[i] for i in chosen]), source=GOLD)
         for row, i in enumerate(chosen):
             for tokens, transitions, encoded in (
                 (pairs[i].premise, pairs[i].premise_transitions, output.premise),
@@ -225,7 +232,7 @@ def test_seed_article_reference_gives_the_same_outputs_and_gradients(snli, mixed
     model = build(config, len(snli[2]), torch.float64)
     reference = ReferenceSPINN(model)
     batch = make_batch(mixed)
-    fast_out, reference_out = model(batch), reference(batch)
+    fast_out, reference_out = model(batch, source=GOLD), reference(batch, source=GOLD)
     assert_close(fast_out.logits, reference_out.logits, FLOAT64_TOLERANCE)
     assert_close(fast_out.premise, reference_out.premise, FLOAT64_TOLERANCE)
     if variant == "spinn":
@@ -245,8 +252,8 @@ def test_inference_path_equals_the_autograd_path():
     model = build(SMALL, vocab_size, torch.float64)
     batch = make_batch(examples)
     with torch.inference_mode():
-        inferred = model(batch)
-    tracked = model(batch)
+        inferred = model(batch, source=GOLD)
+    tracked = model(batch, source=GOLD)
     assert tracked.logits.requires_grad
     assert torch.equal(inferred.logits, tracked.logits.detach())
     assert torch.equal(inferred.transition_logits, tracked.transition_logits.detach())
@@ -263,7 +270,7 @@ def test_a_plan_refuses_transitions_that_are_not_a_tree():
 def test_reference_runs_on_gold_transitions_only():
     examples, vocab_size = tiny_examples()
     with pytest.raises(SpinnError, match="gold transitions only"):
-        ReferenceSPINN(build(PRESETS["tiny"], vocab_size))(make_batch(examples), predict_transitions=True)
+        ReferenceSPINN(build(PRESETS["tiny"], vocab_size))(make_batch(examples), source=TransitionSource.GREEDY)
 
 
 # ----------------------------------------------------------------------------- gradients and training
@@ -275,7 +282,7 @@ def test_every_trainable_parameter_gets_a_gradient(variant):
     config = SMALL.replace(variant=variant, embed_dropout=0.1, mlp_dropout=0.1)
     model = build(config, vocab_size).train()
     batch = make_batch(examples)
-    spinn_loss(model(batch), batch, config).total.backward()
+    spinn_loss(model(batch, source=config.training_source), batch, config).total.backward()
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
@@ -316,7 +323,8 @@ def test_gradcheck_float64(variant):
     )
 
     def loss(*parameters: torch.Tensor) -> torch.Tensor:
-        output = functional_call(model, dict(zip(names, parameters, strict=True)), (batch,), draws)
+        weights = dict(zip(names, parameters, strict=True))
+        output = functional_call(model, weights, (batch,), {"source": config.training_source, **draws})
         return spinn_loss(output, batch, config).total
 
     assert torch.autograd.gradcheck(loss, inputs)
@@ -327,7 +335,7 @@ def test_repeated_backward_through_one_graph():
     examples, vocab_size = tiny_examples()
     model = build(PRESETS["tiny"], vocab_size, torch.float64)
     batch = make_batch(examples)
-    loss = spinn_loss(model(batch), batch, PRESETS["tiny"]).total
+    loss = spinn_loss(model(batch, source=GOLD), batch, PRESETS["tiny"]).total
     weight = model.encoder.reduce.compose.weight
     (first,) = torch.autograd.grad(loss, [weight], retain_graph=True)
     (second,) = torch.autograd.grad(loss, [weight])
@@ -343,13 +351,13 @@ def test_overfits_sixteen_real_pairs(snli):
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3)
     for _ in range(300):
         optimizer.zero_grad()
-        output = model(batch)
+        output = model(batch, source=GOLD)
         spinn_loss(output, batch, config).total.backward()
         optimizer.step()
         if (output.logits.argmax(1) == batch.labels).all():
             break
     with torch.no_grad():
-        accuracy = (model.eval()(batch).logits.argmax(1) == batch.labels).float().mean().item()
+        accuracy = (model.eval()(batch, source=GOLD).logits.argmax(1) == batch.labels).float().mean().item()
     assert accuracy == 1.0
 
 
@@ -359,7 +367,7 @@ def test_frozen_embeddings_stay_put_under_training():
     before = model.embedding.vectors.weight.clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     batch = make_batch(examples)
-    spinn_loss(model(batch), batch, PRESETS["tiny"]).total.backward()
+    spinn_loss(model(batch, source=GOLD), batch, PRESETS["tiny"]).total.backward()
     optimizer.step()
     assert torch.equal(model.embedding.vectors.weight, before)
 
@@ -371,7 +379,7 @@ def test_transition_loss_is_weighted_and_ignores_padding():
     examples, vocab_size = tiny_examples()
     model = build(PRESETS["tiny"], vocab_size)
     batch = make_batch(examples)
-    output = model(batch)
+    output = model(batch, source=GOLD)
     loss = spinn_loss(output, batch, PRESETS["tiny"])
     assert loss.total.item() == pytest.approx(loss.classification.item() + 3.9 * loss.transition.item())
     padding = batch.transitions == PAD_TRANSITION
@@ -385,7 +393,7 @@ def test_illegal_actions_are_masked_where_they_are_illegal():
     examples, vocab_size = tiny_examples()
     model = build(PRESETS["tiny"], vocab_size)
     batch = make_batch(examples)
-    logits = model(batch).transition_logits
+    logits = model(batch, source=GOLD).transition_logits
     for row in range(batch.tokens.shape[0]):
         stack, buffer = 0, int(batch.lengths[row])
         for step, value in enumerate(batch.transitions[row].tolist()):
@@ -404,7 +412,7 @@ def test_spinn_on_gold_transitions_encodes_like_pi(snli, mixed):
     assert not unexpected and all(name.startswith("encoder.tracker.transition.") for name in missing)
     batch = make_batch(mixed)
     with torch.no_grad():
-        assert_close(spinn(batch).logits, pi(batch).logits, FLOAT64_TOLERANCE)
+        assert_close(spinn(batch, source=GOLD).logits, pi(batch, source=GOLD).logits, FLOAT64_TOLERANCE)
 
 
 @needs_snli
@@ -413,9 +421,9 @@ def test_predicted_transitions_fed_back_as_gold_give_the_same_encoding(snli, mix
     model = build(SMALL, len(snli[2]), torch.float64)
     batch = make_batch(mixed)
     with torch.no_grad():
-        predicted = model(batch, predict_transitions=True)
+        predicted = model(batch, source=TransitionSource.GREEDY)
         plan = gold_plan(predicted.transitions.numpy(), batch.lengths.numpy(), batch.tokens.shape[1])
-        replayed = model(Batch(batch.tokens, batch.lengths, predicted.transitions, batch.labels, plan))
+        replayed = model(Batch(batch.tokens, batch.lengths, predicted.transitions, batch.labels, plan), source=GOLD)
     assert torch.equal(replayed.transitions, predicted.transitions)
     assert_close(replayed.logits, predicted.logits, FLOAT64_TOLERANCE)
     assert_close(replayed.premise, predicted.premise, FLOAT64_TOLERANCE)
@@ -430,7 +438,7 @@ def test_predicted_transitions_are_always_legal(snli, bias):
     with torch.no_grad():
         model.encoder.tracker.transition.bias.copy_(torch.tensor([0.0, bias]))
         batch = make_batch(examples[:64])
-        transitions = model(batch, predict_transitions=True).transitions
+        transitions = model(batch, source=TransitionSource.GREEDY).transitions
     steps = transitions.shape[1]
     assert steps == 2 * int(batch.lengths.max()) - 1
     seen = set()
@@ -451,9 +459,9 @@ def test_bf16_autocast_keeps_fp32_cell_state():
     model = build(SMALL, vocab_size)
     batch = make_batch(examples)
     with torch.no_grad():
-        exact = model(batch)
+        exact = model(batch, source=GOLD)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            mixed_precision = model(batch)
+            mixed_precision = model(batch, source=GOLD)
     assert mixed_precision.premise.dtype == torch.float32
     assert_close(mixed_precision.premise, exact.premise, 0.05)
 
@@ -463,7 +471,7 @@ def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
     model = SPINN(SPINNConfig(variant="cbow", d_embed=8, d_hidden=6, mlp_dim=10), random_vectors(50, 8)).eval()
     tokens = torch.tensor([[3, 4, 5], [6, 0, 0]])
     lengths = torch.tensor([3, 1])
-    encoding = model.encode(tokens, lengths, None)
+    encoding = model.encode(tokens, lengths, GOLD)
     projected = model.embedding(torch.tensor([3, 4, 5, 6]))[:, :6]
     assert torch.allclose(encoding.vectors[0], projected[:3].mean(0), atol=1e-6)
     assert torch.allclose(encoding.vectors[1], projected[3], atol=1e-6)
@@ -474,7 +482,7 @@ def test_cbow_trains_every_parameter():
     torch.manual_seed(0)
     model = SPINN(SPINNConfig(variant="cbow", d_embed=8, d_hidden=6, mlp_dim=10), random_vectors(50, 8))
     batch = make_batch([Example((3, 4), (0, 0, 1), (5,), (0,), 1), Example((6,), (0,), (7, 8), (0, 0, 1), 2)])
-    spinn_loss(model(batch), batch, model.config).total.backward()
+    spinn_loss(model(batch, source=GOLD), batch, model.config).total.backward()
     for name, parameter in model.named_parameters():
         if parameter.requires_grad:
             assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
@@ -485,7 +493,7 @@ def test_training_steps_leave_no_graph_behind():
     autograd nodes once leaked ~1 MB per step on long runs."""
     import gc
 
-    from spinn.model.thin_stack import _Loop as _Memory
+    from spinn.model.thin_stack_forward import _Loop as _Memory
 
     torch.manual_seed(0)
     model = SPINN(SPINNConfig(variant="spinn", d_embed=8, d_hidden=6, d_tracker=5, mlp_dim=10), random_vectors(50, 8))
@@ -493,6 +501,6 @@ def test_training_steps_leave_no_graph_behind():
     gc.collect()
     before = sum(type(item) is _Memory for item in gc.get_objects())
     for _ in range(5):
-        spinn_loss(model(batch), batch, model.config).total.backward()
+        spinn_loss(model(batch, source=GOLD), batch, model.config).total.backward()
     gc.collect()
     assert sum(type(item) is _Memory for item in gc.get_objects()) == before

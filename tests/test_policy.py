@@ -10,14 +10,23 @@ from hypothesis import strategies as st
 
 from spinn.data.pairs import Example
 from spinn.model.batch import make_batch, own_steps
-from spinn.model.config import SPINNConfig
-from spinn.model.policy import PAD_ACTION, REDUCE, SHIFT, free_reduce_share, reinforce, sample_actions
+from spinn.model.config import SPINNConfig, TransitionSource
+from spinn.model.policy import free_reduce_share, reinforce, sample_actions
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
-from spinn.trees.transitions import check_transitions, left_branching, right_branching
+from spinn.trees.transitions import (
+    PAD_TRANSITION,
+    REDUCE,
+    SHIFT,
+    check_transitions,
+    left_branching,
+    right_branching,
+)
 
 VOCAB = 30
 NO_NORM = {"use_batch_norm": False, "embed_dropout": 0.0, "mlp_dropout": 0.0}
 """Batch norm in training mode makes each row's policy depend on its batch; without it the sampler alone decides."""
+
+SAMPLED = TransitionSource.SAMPLED
 
 
 def rl_model(seed: int, **settings) -> SPINN:
@@ -63,10 +72,10 @@ def test_sampled_and_greedy_trees_are_always_legal(seed, lengths, scale):
     rng = np.random.default_rng(seed)
     batch = make_batch([example(rng, p, h) for p, h in lengths])
     sentence_lengths = batch.lengths.tolist()
-    for training in (True, False):
+    for training, source in ((True, TransitionSource.SAMPLED), (False, TransitionSource.GREEDY)):
         model.train(training)
         with torch.no_grad():
-            output = model(batch, predict_transitions=not training)
+            output = model(batch, source=source)
         for actions, n in zip(sentence_actions(output.transitions, sentence_lengths), sentence_lengths, strict=True):
             check_transitions(actions, n)
 
@@ -83,12 +92,12 @@ def test_the_batched_sampler_equals_one_sentence_pair_at_a_time():
         dtype=torch.float64,
     )
     with torch.no_grad():
-        together = sentence_actions(model(batch, uniforms=draws).transitions, batch.lengths.tolist())
+        together = sentence_actions(model(batch, source=SAMPLED, uniforms=draws).transitions, batch.lengths.tolist())
         pairs = len(examples)
         for index, pair in enumerate(examples):
             alone = make_batch([pair])
             own = draws[[index, pairs + index], : alone.transitions.shape[1]]  # each row's draws by its own steps
-            actions = sentence_actions(model(alone, uniforms=own).transitions, alone.lengths.tolist())
+            actions = sentence_actions(model(alone, source=SAMPLED, uniforms=own).transitions, alone.lengths.tolist())
             assert actions == [together[index], together[pairs + index]]
     assert len({tuple(a) for a in together}) > 1  # the sample is not one fixed tree
 
@@ -106,7 +115,7 @@ def test_policy_gradient_matches_a_hand_computed_reinforce_estimate():
     examples = [example(rng, p, h) for p, h in ((3, 4), (5, 2), (4, 4))]
     model = rl_model(2, **NO_NORM)
     batch = make_batch(examples)
-    output = model(batch)
+    output = model(batch, source=SAMPLED)
     baseline = torch.tensor([-1.0, -1.2, -0.9], dtype=torch.float64)
     terms = reinforce(
         output.transition_logits,
@@ -129,7 +138,7 @@ def test_policy_gradient_matches_a_hand_computed_reinforce_estimate():
     pairs = len(examples)
     expected = np.zeros(2)
     for row in range(2 * pairs):
-        for step in np.nonzero(taken[row] != PAD_ACTION)[0]:
+        for step in np.nonzero(taken[row] != PAD_TRANSITION)[0]:
             expected -= advantage[row % pairs] / pairs * (np.eye(2)[taken[row, step]] - probabilities[row, step])
     assert np.allclose(gradient.numpy(), expected, atol=1e-10)
     assert np.abs(expected).sum() > 1e-6  # some steps were real choices
@@ -150,7 +159,7 @@ def test_rl_loss_adds_entropy_value_and_supervision_terms():
             transition_loss_weight=supervised,
         )
         model = SPINN(config, random_vectors(VOCAB, 6, 0)).double().train()
-        loss = spinn_loss(model(batch), batch, config)
+        loss = spinn_loss(model(batch, source=SAMPLED), batch, config)
         assert (loss.policy.value_loss is not None) == (baseline == "value")
         assert (loss.transition is not None) == (supervised > 0)
         assert 0.0 <= float(loss.policy.reduce_fraction) <= 1.0 and float(loss.policy.entropy.detach()) >= 0.0

@@ -17,9 +17,11 @@ import torch
 from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import read_pairs
 from spinn.data.vocab import Vocabulary
-from spinn.model.batch import PAD_TRANSITION, make_batch
+from spinn.model.batch import make_batch
 from spinn.model.checkpoint import load_checkpoint
+from spinn.model.config import TransitionSource
 from spinn.model.loading import load_model
+from spinn.trees.transitions import PAD_TRANSITION
 
 RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
 PROBABILITY_TOLERANCE = 1e-6
@@ -35,8 +37,8 @@ def predictions(reference: str | Path) -> dict[str, dict]:
     batch = make_batch(encode_pairs(read_raw_pairs(RELEASE / "pairs.parquet"), loaded.vocabulary))
     found = {}
     with torch.no_grad():
-        for mode, predict in (("gold", False), ("predicted", True)):
-            output = loaded.model(batch, predict_transitions=predict)
+        for mode, source in (("gold", TransitionSource.GOLD), ("predicted", TransitionSource.GREEDY)):
+            output = loaded.model(batch, source=source)
             found[mode] = {"probabilities": torch.softmax(output.logits.double(), 1), "transitions": output.transitions}
     return found
 

@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from spinn.bench import load_examples, take_batches
+from spinn.inference.step import InferStep
 from spinn.model.batch import WIDTH_STEP, make_batch
-from spinn.model.config import SPINNConfig
+from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.training.loader import prefetch
@@ -36,9 +37,11 @@ def snli_batches():
     return take_batches(examples, 256, 5, 0), vocab_size
 
 
-def trainer(variant: str, vocab_size: int, d: int = 24, **options) -> TrainStep:
+def trainer(variant: str, vocab_size: int, d: int = 24, encoder: str = "fused", **options) -> TrainStep:
     torch.manual_seed(0)
-    config = SPINNConfig(variant=variant, d_embed=d, d_hidden=d, d_tracker=8, use_batch_norm=True, mlp_dim=32)
+    config = SPINNConfig(
+        variant=variant, encoder=encoder, d_embed=d, d_hidden=d, d_tracker=8, use_batch_norm=True, mlp_dim=32
+    )
     model = SPINN(config, random_vectors(vocab_size, d, 0))
     schedule = Schedule(base=1e-3, decay=0.75, decay_steps=10)
     optimizer = make_optimizer(model, schedule, 1e-5, torch.device("cpu"))
@@ -74,11 +77,35 @@ def test_the_step_is_a_plain_rmsprop_step():
     step(batch, 0)
     plain.train()
     optimizer.zero_grad()
-    spinn_loss(plain(batch), batch, plain.config).total.backward()
+    spinn_loss(plain(batch, source=TransitionSource.GOLD), batch, plain.config).total.backward()
     torch.nn.utils.clip_grad_norm_(plain.parameters(), 5.0)
     optimizer.step()
     for (name, mine), theirs in zip(step.model.state_dict().items(), plain.state_dict().values(), strict=True):
         assert torch.allclose(mine.float(), theirs.float(), atol=1e-6), name
+
+
+@needs_snli
+@pytest.mark.parametrize("variant", ["spinn", "rl"])
+def test_training_and_inference_steps_run_the_spec_encoder_as_the_fused_one(variant):
+    """encoder: spec trains (rl: on sampled trees) and infers to the fused encoder's numbers. Compared: one
+    step's gradients and statistics (RMSprop turns float32 noise in a gradient that batch norm makes ~0,
+    the projection's bias, into a full-size update, so weights after the step are not comparable)."""
+    examples, vocab_size = load_examples(SNLI_DEV, 32, 0, labelled=True)
+    batch = make_batch(examples)
+    steps = [trainer(variant, vocab_size, d=12, encoder=encoder) for encoder in ("fused", "spec")]
+    for step in steps:
+        torch.manual_seed(1)  # rl draws its trees' uniforms inside the step
+        step(batch, 0)
+    fused, spec = (step.model for step in steps)
+    for (name, mine), theirs in zip(fused.named_parameters(), spec.parameters(), strict=True):
+        assert (mine.grad is None) == (theirs.grad is None), name
+        assert mine.grad is None or torch.allclose(mine.grad, theirs.grad, atol=1e-6), name
+    for (name, mine), theirs in zip(fused.named_buffers(), spec.buffers(), strict=True):
+        assert torch.allclose(mine.float(), theirs.float(), atol=1e-6), name
+    spec.load_state_dict(fused.state_dict())
+    found, expected = (InferStep(model, source=fused.config.evaluation_source)(batch) for model in (fused, spec))
+    assert torch.equal(found.transitions, expected.transitions)
+    assert torch.allclose(found.logits, expected.logits, atol=1e-5)
 
 
 @needs_snli

@@ -21,9 +21,7 @@ class InferStep:
 
     What it returns is the caller's to keep (a replayed graph's outputs are copied out)."""
 
-    def __init__(
-        self, model: SPINN, source: TransitionSource = TransitionSource.GOLD, *, amp: bool = False, graphs: bool = True
-    ):
+    def __init__(self, model: SPINN, source: TransitionSource, *, amp: bool = False, graphs: bool = True):
         """source: gold (the batch's parses) or greedy (the tracker's best legal action, spinn and rl);
         sampling is for rl's training step, never for inference."""
         if source is TransitionSource.SAMPLED:
@@ -41,4 +39,4 @@ class InferStep:
 
     def _run(self, batch: Batch) -> SPINNOutput:
         with torch.no_grad(), autocast(self.device, self.amp, self.graphs is not None):
-            return self.model(batch, predict_transitions=self.source is TransitionSource.GREEDY)
+            return self.model(batch, source=self.source)

@@ -1,7 +1,8 @@
 """Where every step of an encoding reads and writes in the node memory, so the model never asks the host.
 
-The encoder keeps every node vector of a batch in one memory (spinn/model/thin_stack.py)
-with a fixed row for everything it will ever hold:
+Both encoders (spinn/model/spec.py, and the fused spinn/model/thin_stack_forward.py)
+keep every node vector of a batch in one memory with a fixed row for everything
+it will ever hold:
 
     row 0                          zeros: what an empty buffer or stack slot reads
     rows 1 .. N*L                  word j of sentence n at 1 + n*L + j (padding words never read)
@@ -28,9 +29,8 @@ import torch
 from torch import Tensor
 
 from spinn.errors import SpinnError
-from spinn.trees.transitions import Transition
+from spinn.trees.transitions import REDUCE, SHIFT
 
-SHIFT, REDUCE = int(Transition.SHIFT), int(Transition.REDUCE)
 ZERO_ROW = 0
 WORD_BASE = 1
 READ_SLOTS = 3
@@ -81,6 +81,11 @@ class StepPlan:
 def real_steps(lengths: np.ndarray, steps: int) -> np.ndarray:
     """(T, N) bool: step t is real for a sentence of n words when t < 2n - 1."""
     return np.arange(steps)[:, None] < (2 * lengths - 1)[None, :]
+
+
+def device_real_steps(lengths: Tensor, steps: int) -> Tensor:
+    """(T, N) bool on the lengths' device, as `real_steps`: for transitions chosen on the device."""
+    return torch.arange(steps, device=lengths.device)[:, None] < (2 * lengths - 1)[None, :]
 
 
 def gold_plan(transitions: np.ndarray, lengths: np.ndarray, width: int) -> StepPlan:
@@ -163,10 +168,19 @@ class DeviceStacks:
         return torch.stack([self.position < self.lengths, self.depth >= 2], 1)
 
     def apply(self, action: Tensor, reads: Tensor, step: int) -> None:
-        shift, reduce = action == SHIFT, action == REDUCE
-        node = self.layout.node_base + step * self.layout.sentences + self.rows
-        column = torch.where(shift, self.depth, torch.where(reduce, self.depth - 2, self.layout.width))
-        pushed = torch.where(shift, reads[:, BUFFER_SLOT], node)
+        """Run the step's actions (N,): SHIFT, REDUCE or the padding no-op."""
+        self.move(action == SHIFT, action == REDUCE, reads[:, BUFFER_SLOT], self.node_rows(step))
+
+    def node_rows(self, step: int) -> Tensor:
+        """(N,) the rows where step `step` writes each sentence's composition."""
+        return self.layout.node_base + step * self.layout.sentences + self.rows
+
+    def move(self, shift: Tensor, reduce: Tensor, buffer_top: Tensor, node: Tensor) -> None:
+        """The shift phase pushes the buffer top's row; the reduce phase pops two rows and pushes the node's.
+
+        shift, reduce (N,) bool, neither for a padding step; buffer_top, node (N,) rows."""
+        column = torch.where(shift, self.depth, torch.where(reduce, self.depth - 2, self.layout.width))  # (N,)
+        pushed = torch.where(shift, buffer_top, node)  # (N,)
         self.stack.scatter_(1, column[:, None], pushed[:, None])
         self.depth = self.depth + shift.long() - reduce.long()
         self.position = self.position + shift.long()

@@ -25,10 +25,7 @@ from spinn.data.pairs import Example
 from spinn.data.vocab import PAD_ID
 from spinn.errors import SpinnError
 from spinn.model.addressing import StepPlan, gold_plan
-from spinn.trees.transitions import transition_count
-
-PAD_TRANSITION = 2
-"""No-op used only to pad batches; never stored in Parquet (not a Transition)."""
+from spinn.trees.transitions import PAD_TRANSITION, transition_count
 
 BUCKET_NOISE = 0.3
 """Spread of the random jitter (in tokens) added to lengths before sorting into buckets,

@@ -7,10 +7,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from spinn.errors import SpinnError
+from spinn.model.addressing import BUFFER_SLOT, SECOND_SLOT, TOP_SLOT
 from spinn.model.config import N_ACTIONS, SPINNConfig
 
 REDUCE_GATES = 5  # a, i, f_left, f_right, o
 TRACKER_GATES = 4  # g, i, f, o
+CHILD_SLOTS = 2
+"""The composition's inputs: left child (stack second) and right child (stack top), then the tracker."""
+TRACKER_READ_ORDER = [BUFFER_SLOT, TOP_SLOT, SECOND_SLOT]
+"""The tracker weight's column blocks, as read slots: [buffer top, stack top, stack second]."""
 
 
 def tree_lstm(gates: Tensor, c_children: Tensor) -> tuple[Tensor, Tensor]:

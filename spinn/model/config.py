@@ -13,6 +13,7 @@ from spinn.settings import Settings
 from spinn.trees.transitions import Transition
 
 Variant = Literal["pi-nt", "pi", "spinn", "rl", "cbow"]
+EncoderKind = Literal["fused", "spec"]
 VARIANTS: tuple[str, ...] = get_args(Variant)
 BASELINE = "cbow"
 TREE_VARIANTS = tuple(variant for variant in VARIANTS if variant != BASELINE)
@@ -38,6 +39,10 @@ class SPINNConfig(Settings):
     variant: Variant = Field("spinn", json_schema_extra={"cli": "--variant", "default_from": None})
     """cbow: bag of words; pi-nt: TreeLSTM over the parse; pi: plus a tracker; spinn: the tracker also
     predicts the transitions; rl: the tracker learns its own trees by REINFORCE."""
+    encoder: EncoderKind = "fused"
+    """fused: the thin stack with its hand-written backward (fast, spinn/model/thin_stack_forward.py);
+    spec: the readable step loop that autograd differentiates (spinn/model/spec.py), tested equal to it.
+    Checkpoints from before the choice load as fused."""
     d_embed: int = Field(300, ge=1)
     """Word vector size (taken from the vectors when training)."""
     d_hidden: int = Field(300, ge=1)
@@ -100,6 +105,26 @@ class SPINNConfig(Settings):
     def samples_transitions(self) -> bool:
         """rl: training samples its own trees (no gold transitions needed)."""
         return self.variant == "rl"
+
+    @property
+    def sources(self) -> tuple[TransitionSource, ...]:
+        """The transition sources this variant can run: a parser's trees always; its own best or sampled
+        actions only with a transition head (spinn: greedy; rl: greedy and sampled)."""
+        if self.samples_transitions:
+            return tuple(TransitionSource)
+        if self.predicts_transitions:
+            return (TransitionSource.GOLD, TransitionSource.GREEDY)
+        return (TransitionSource.GOLD,)
+
+    @property
+    def training_source(self) -> TransitionSource:
+        """rl trains on the trees it samples; every other variant on the parser's."""
+        return TransitionSource.SAMPLED if self.samples_transitions else TransitionSource.GOLD
+
+    @property
+    def evaluation_source(self) -> TransitionSource:
+        """Dev evaluation while training: rl on its own best trees (it never needs a parse), others on gold."""
+        return TransitionSource.GREEDY if self.samples_transitions else TransitionSource.GOLD
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SPINNConfig:

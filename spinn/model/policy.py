@@ -28,14 +28,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spinn.errors import SpinnError
-from spinn.trees.transitions import Transition
+from spinn.trees.transitions import PAD_TRANSITION, REDUCE, SHIFT
 
 Reward = Literal["log_likelihood", "correct"]
 Baseline = Literal["moving_average", "value"]
 REWARDS: tuple[str, ...] = get_args(Reward)
-SHIFT, REDUCE = int(Transition.SHIFT), int(Transition.REDUCE)
-PAD_ACTION = 2
-"""The batch's padding no-op (spinn.model.batch.PAD_TRANSITION), repeated here to keep imports one-way."""
 LOG_FLOOR = -100.0
 """Where entropy clamps log-probabilities: masked actions have p = 0 and log p = -inf, whose gradient would be nan."""
 
@@ -68,7 +65,7 @@ def draw_uniforms(sentences: int, steps: int, device: torch.device, generator: t
 
 def sequence_log_probs(transition_logits: Tensor, taken: Tensor) -> Tensor:
     """log pi of each sentence's whole action sequence: logits (N, T, 2), taken (N, T) -> (N,)."""
-    real = taken != PAD_ACTION  # (N, T)
+    real = taken != PAD_TRANSITION  # (N, T)
     log_p = torch.log_softmax(transition_logits.float(), dim=-1)  # (N, T, 2)
     chosen = log_p.gather(-1, taken.clamp(max=REDUCE).unsqueeze(-1)).squeeze(-1)  # (N, T)
     return torch.where(real, chosen, torch.zeros_like(chosen)).sum(1)  # (N,)
@@ -76,7 +73,7 @@ def sequence_log_probs(transition_logits: Tensor, taken: Tensor) -> Tensor:
 
 def policy_entropy(transition_logits: Tensor, taken: Tensor) -> Tensor:
     """Mean entropy of the action distribution over the real steps (forced steps count as 0)."""
-    real = taken != PAD_ACTION  # (N, T)
+    real = taken != PAD_TRANSITION  # (N, T)
     log_p = torch.log_softmax(transition_logits.float(), dim=-1).clamp(min=LOG_FLOOR)  # (N, T, 2)
     entropy = -(log_p.exp() * log_p).sum(-1)  # (N, T)
     return (entropy * real).sum() / real.sum().clamp(min=1)  # masked mean: no data-dependent shape
@@ -85,7 +82,7 @@ def policy_entropy(transition_logits: Tensor, taken: Tensor) -> Tensor:
 def free_reduce_share(transition_logits: Tensor, taken: Tensor) -> Tensor:
     """Share of REDUCE where the policy had a choice. Over all steps it is always (n-1)/(2n-1), since a
     whole tree takes n SHIFTs and n-1 REDUCEs; over free steps, high means left-leaning trees."""
-    free = (taken != PAD_ACTION) & torch.isfinite(transition_logits).all(-1)  # (N, T)
+    free = (taken != PAD_TRANSITION) & torch.isfinite(transition_logits).all(-1)  # (N, T)
     return ((taken == REDUCE) & free).sum() / free.sum().clamp(min=1)  # 0 when no step was free
 
 

@@ -21,10 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spinn.errors import SpinnError
-from spinn.model.batch import PAD_TRANSITION, Batch
-from spinn.model.config import N_ACTIONS
+from spinn.model.batch import Batch
+from spinn.model.config import N_ACTIONS, TransitionSource
 from spinn.model.spinn import SPINN, Encoding, SPINNOutput
-from spinn.trees.transitions import Transition
+from spinn.trees.transitions import PAD_TRANSITION, Transition
 
 NULLS_UNDER_STACK = 2  # each stack starts with two null items so the tracker can always read two tops
 
@@ -36,8 +36,8 @@ class ReferenceSPINN(nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch: Batch, *, predict_transitions: bool = False) -> SPINNOutput:
-        if predict_transitions:
+    def forward(self, batch: Batch, *, source: TransitionSource) -> SPINNOutput:
+        if source is not TransitionSource.GOLD:
             raise SpinnError("the reference implementation runs on gold transitions only")
         pairs = batch.pairs
         halves = [

@@ -19,7 +19,7 @@ vector. The variants, chosen by `SPINNConfig.variant`:
 
 Fully batched: premise and hypothesis of B pairs are one batch of N = 2B
 sentences, every word slot of the (N, L) batch is embedded (batch norm counts
-only the real ones), and the encoder (spinn/model/thin_stack.py) runs all
+only the real ones), and the encoder (spinn/model/spec.py, fused in thin_stack_forward.py) runs all
 sentences through T = 2L - 1 steps at once, each sentence's own 2n - 1 steps
 first: its step s sits in column s of the transitions. With gold transitions
 the addresses come from the batch's StepPlan, worked out on the host; nothing
@@ -38,11 +38,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spinn.errors import SpinnError
-from spinn.model import thin_stack
-from spinn.model.addressing import Layout, StepPlan
-from spinn.model.batch import PAD_TRANSITION, Batch
+from spinn.model import spec, thin_stack_forward
+from spinn.model.addressing import Layout, StepPlan, device_real_steps
+from spinn.model.batch import Batch
 from spinn.model.cells import Classifier, Reduce, Tracker, WordEmbedding
-from spinn.model.config import N_ACTIONS, SPINNConfig
+from spinn.model.config import N_ACTIONS, SPINNConfig, TransitionSource
 from spinn.model.policy import (
     MovingAverageBaseline,
     PolicyTerms,
@@ -51,6 +51,7 @@ from spinn.model.policy import (
     draw_uniforms,
     reinforce,
 )
+from spinn.trees.transitions import PAD_TRANSITION
 
 
 class Encoding(NamedTuple):
@@ -83,7 +84,8 @@ class Loss(NamedTuple):
 
 
 class Encoder(nn.Module):
-    """The composition and tracker cells, run over all sentences and steps by the thin stack."""
+    """The composition and tracker cells, run over all sentences and steps by the configured encoder:
+    the fused thin stack, or the spec (spinn/model/spec.py) that it equals."""
 
     def __init__(self, config: SPINNConfig):
         super().__init__()
@@ -95,33 +97,46 @@ class Encoder(nn.Module):
         )
 
     def forward(
-        self, words: Tensor, lengths: Tensor, layout: Layout, plan: StepPlan | None, uniforms: Tensor | None = None
-    ) -> tuple[Tensor, Tensor | None, thin_stack.Run]:
-        """Roots (N, D), tracker states (T, N, Dt) or None, and the run (what it chose, when it chose).
+        self,
+        words: Tensor,
+        lengths: Tensor,
+        layout: Layout,
+        source: TransitionSource,
+        gold: tuple[StepPlan, Tensor] | None = None,
+        uniforms: Tensor | None = None,
+    ) -> spec.EncoderOutput:
+        """Roots, tracker states and the transitions that ran, from the configured encoder.
 
-        words (N*L, 2D); plan: the gold transitions' addresses, or None to run on
-        the tracker's own choices: the best legal action, or with uniforms (N, T)
-        one draw per sentence and own step, a sampled one (rl).
+        words (N*L, 2D); gold: the parser's plan and transitions (N, T) for source gold;
+        uniforms (N, T): one draw per sentence and own step for source sampled (rl).
         """
-        real = plan.real if plan is not None else _real_steps(lengths, layout.steps)
+        if self.config.encoder == "spec":
+            transitions = gold[1] if gold is not None else None
+            return spec.encode(words, lengths, layout, (self.reduce, self.tracker), source, transitions, uniforms)
+        return self._fused(words, lengths, layout, gold, uniforms)
+
+    def _fused(
+        self, words: Tensor, lengths: Tensor, layout: Layout, gold: tuple[StepPlan, Tensor] | None, uniforms
+    ) -> spec.EncoderOutput:
+        """The thin stack: on the plan's addresses, or choosing its own (greedy, or sampled from uniforms)."""
+        plan = gold[0] if gold is not None else None
+        real = plan.real if plan is not None else device_real_steps(lengths, layout.steps)
         chooser = None
         if plan is None:
             head = self.tracker.transition
-            chooser = thin_stack.Chooser(head.weight.detach(), head.bias.detach(), uniforms)
-        run = thin_stack.Run(layout, lengths, real, plan, chooser)
+            chooser = thin_stack_forward.Chooser(head.weight.detach(), head.bias.detach(), uniforms)
+        run = thin_stack_forward.Run(layout, lengths, real, plan, chooser)
         tracker = None if self.tracker is None else (self.tracker.gates.weight, self.tracker.gates.bias)
-        roots, states = thin_stack.encode(words, tracker, (self.reduce.compose.weight, self.reduce.compose.bias), run)
-        return roots, states, run
+        compose = (self.reduce.compose.weight, self.reduce.compose.bias)
+        roots, states = thin_stack_forward.encode(words, tracker, compose, run)
+        if plan is not None:
+            return spec.EncoderOutput(roots, states, gold[1], plan.legal, real)
+        return spec.EncoderOutput(roots, states, chooser.taken.t(), chooser.legal, real)
 
     def transition_logits(self, states: Tensor, legal: Tensor, real: Tensor) -> Tensor:
         """(N, T, 2) scores of the tracker's states (T, N, Dt): illegal actions -inf, padding steps 0."""
         scores = self.tracker.transition(states).masked_fill(~legal, float("-inf"))  # (T, N, 2)
         return torch.where(real[..., None], scores, 0.0).transpose(0, 1)  # (N, T, 2)
-
-
-def _real_steps(lengths: Tensor, steps: int) -> Tensor:
-    """(T, N) bool on the lengths' device: step t is one of the sentence's own 2n - 1."""
-    return torch.arange(steps, device=lengths.device)[:, None] < (2 * lengths - 1)[None, :]
 
 
 # ----------------------------------------------------------------------------- model
@@ -138,37 +153,28 @@ class SPINN(nn.Module):
         self.classifier = Classifier(config)
         self.baseline = _make_baseline(config)
 
-    def forward(
-        self, batch: Batch, *, predict_transitions: bool = False, uniforms: Tensor | None = None
-    ) -> SPINNOutput:
-        """Logits for the batch.
+    def forward(self, batch: Batch, *, source: TransitionSource, uniforms: Tensor | None = None) -> SPINNOutput:
+        """Logits for the batch, on the transitions of `source` (one the variant can run: config.sources).
 
-        predict_transitions: spinn and rl ignore the gold transitions and take
-        their best legal action. An rl model in training mode samples its trees
-        instead, from `uniforms` (N, T) when given (tests), else fresh draws.
+        sampled: rl draws its trees from `uniforms` (N, T) when given (tests), else fresh draws.
         """
-        if predict_transitions and not self.config.predicts_transitions:
-            raise SpinnError(f"variant {self.config.variant} cannot predict transitions; use 'spinn' or 'rl'")
-        sample = self.config.samples_transitions and self.training
-        gold = not (predict_transitions or sample)
-        if gold and self.config.uses_trees and batch.plan is None:
-            raise SpinnError(
-                "some sentences have no tree (tokens-only data): only a model that builds its own "
-                "trees can read them (rl, or spinn on predicted transitions)"
-            )
-        if sample and uniforms is None:
+        self._check_trees(source, batch)
+        sampled = source is TransitionSource.SAMPLED
+        if sampled and uniforms is None:
             uniforms = draw_uniforms(batch.tokens.shape[0], batch.transitions.shape[1], batch.tokens.device)
-        encoding = self.encode(
-            batch.tokens,
-            batch.lengths,
-            batch.plan if gold else None,
-            batch.transitions if gold else None,
-            uniforms if sample else None,
-        )
+        encoding = self.encode(batch.tokens, batch.lengths, source, batch.plan, batch.transitions, uniforms)
         premise, hypothesis = encoding.vectors.split(batch.pairs)  # (B, D) each
         logits = self.classifier(premise, hypothesis)  # (B, n_classes)
-        baseline = self.baseline(self._pair_features(batch)) if sample else None  # (B,)
+        baseline = self.baseline(self._pair_features(batch)) if sampled else None  # (B,)
         return SPINNOutput(logits, premise, hypothesis, encoding.transition_logits, encoding.transitions, baseline)
+
+    def _check_trees(self, source: TransitionSource, batch: Batch) -> None:
+        """Gold transitions need a parse of every sentence (a plan); tokens-only data has none."""
+        if source is TransitionSource.GOLD and self.config.uses_trees and batch.plan is None:
+            raise SpinnError(
+                "some sentences have no tree (tokens-only data): only a model that builds its own "
+                "trees can read them (rl, or spinn on greedy transitions)"
+            )
 
     def observe_rewards(self, rewards: Tensor) -> None:
         """rl: let a moving-average baseline see this batch's rewards (after the loss used the old value)."""
@@ -187,26 +193,31 @@ class SPINN(nn.Module):
         self,
         tokens: Tensor,
         lengths: Tensor,
+        source: TransitionSource,
         plan: StepPlan | None = None,
         transitions: Tensor | None = None,
         uniforms: Tensor | None = None,
     ) -> Encoding:
-        """Sentence vectors of N sentences: tokens (N, L), lengths (N,); with a plan, on the gold
-        transitions (N, T) it was made from; without one, on the model's own choices (greedy, or
-        sampled from uniforms (N, T))."""
+        """Sentence vectors of N sentences: tokens (N, L), lengths (N,); source gold runs the plan of the
+        transitions (N, T) it was made from; greedy and sampled the model's own choices (sampled: from
+        uniforms (N, T))."""
+        if source not in self.config.sources:
+            runs = ", ".join(item.value for item in self.config.sources)
+            raise SpinnError(f"a {self.config.variant} model cannot run on {source.value} transitions, only {runs}")
+        if uniforms is not None and source is not TransitionSource.SAMPLED:
+            raise SpinnError(f"uniform draws are for sampled transitions; this run is {source.value}")
         n, width = tokens.shape
         real_words = torch.arange(width, device=tokens.device) < lengths[:, None]  # (N, L)
         words = self.embedding(tokens.reshape(-1), real_words.reshape(-1)).to(self.state_dtype)  # (N*L, 2D)
+        gold = source is TransitionSource.GOLD
         if self.encoder is None:
             return self._bag_of_words(words.view(n, width, -1), real_words, lengths, tokens, transitions)
-        layout = Layout(n, width, plan.reads.shape[0] if plan is not None else 2 * width - 1)
-        roots, states, run = self.encoder(words, lengths, layout, plan, uniforms)
-        taken = transitions if plan is not None else run.chooser.taken.t()  # (N, T)
+        layout = Layout(n, width, plan.reads.shape[0] if gold else 2 * width - 1)
+        run = self.encoder(words, lengths, layout, source, (plan, transitions) if gold else None, uniforms)
         logits = None
         if self.config.predicts_transitions:
-            legal = plan.legal if plan is not None else run.chooser.legal
-            logits = self.encoder.transition_logits(states, legal, run.real)
-        return Encoding(roots, logits, taken)
+            logits = self.encoder.transition_logits(run.states, run.legal, run.real)
+        return Encoding(run.roots, logits, run.transitions)
 
     def _bag_of_words(
         self, words: Tensor, real: Tensor, lengths: Tensor, tokens: Tensor, transitions: Tensor | None

@@ -212,12 +212,6 @@ def _log_to_training_run(contents: dict, checkpoint: Path, split: str, metrics: 
     )
 
 
-def dev_source(config: SPINNConfig) -> TransitionSource:
-    """Training's dev evaluation: rl is scored on the trees it builds itself (that is how it will be used),
-    the others on the parses."""
-    return TransitionSource.GREEDY if config.samples_transitions else TransitionSource.GOLD
-
-
 def transition_source(transitions: str, config: SPINNConfig) -> TransitionSource:
     """The setting's `predicted` is the tracker's greedy run; `auto` is greedy for spinn and rl."""
     if transitions == "predicted" and not config.predicts_transitions:

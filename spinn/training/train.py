@@ -54,7 +54,7 @@ from spinn.tracking.register import SELECTION_METRIC
 from spinn.training import distributed
 from spinn.training.config import TrainConfig
 from spinn.training.distributed import Topology
-from spinn.training.evaluate import dev_source, read_examples, score_examples
+from spinn.training.evaluate import read_examples, score_examples
 from spinn.training.folders import RUNS_DIR, run_folder
 from spinn.training.loader import prefetch
 from spinn.training.metrics import Metrics, plot_confusion
@@ -390,7 +390,7 @@ def _build(
         model,
         optimizer,
         step,
-        InferStep(model, dev_source(model_config), graphs=config.graphs),
+        InferStep(model, source=model_config.evaluation_source, graphs=config.graphs),
         vocabulary,
         read_examples(train_path, vocabulary),
         read_examples(dev_path, vocabulary),

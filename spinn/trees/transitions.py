@@ -31,8 +31,13 @@ class Transition(IntEnum):
 
 
 TRANSITION_NAMES: dict[str, int] = {transition.name: transition.value for transition in Transition}
+SHIFT: int = int(Transition.SHIFT)
+REDUCE: int = int(Transition.REDUCE)
+"""The actions as plain ints, for array comparisons (numpy and torch take them without an enum lookup)."""
+PAD_TRANSITION: int = len(Transition)
+"""The no-op a sentence takes after its own 2n - 1 steps, in padded batches only: never stored in Parquet,
+so not a Transition; one past the real actions, so the tracker's (.., 2) logits never score it."""
 REDUCE_ARITY = 2
-_SHIFT, _REDUCE = int(Transition.SHIFT), int(Transition.REDUCE)
 
 
 class TransitionError(SpinnError):
@@ -82,11 +87,11 @@ def read_binary_parse(text: str) -> tuple[list[str], list[int]]:
             if count > REDUCE_ARITY:
                 raise TreeError(TreeProblem.MALFORMED, f"a bracket with {count} children in a binary parse")
             if count == REDUCE_ARITY:
-                transitions.append(_REDUCE)
+                transitions.append(REDUCE)
             children[-1] += 1
         else:
             tokens.append(token)
-            transitions.append(_SHIFT)
+            transitions.append(SHIFT)
             children[-1] += 1
     if len(children) > 1:
         raise TreeError(TreeProblem.UNBALANCED, f"unbalanced parse: {len(children) - 1} '(' left open")

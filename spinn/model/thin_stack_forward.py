@@ -1,21 +1,19 @@
-"""The thin stack: every node vector of a batch in one memory, and the encoder's two loops over it.
+"""The thin stack: every node vector of a batch in one memory, and the fused encoder's forward loop over it.
 
 Bowman et al. (2016) keep the stacks of a batch as one array of node vectors
 written once per node, plus back-pointers; the backward pass walks the steps in
 reverse, moving gradients along the same pointers. Here the whole encoding is
-one autograd Function with both loops written out, so that each transition
-step is a handful of large kernels and nothing reads a value back to the host:
+one autograd Function with both loops written out (the backward one in
+spinn/model/thin_stack_backward.py), so that each transition step is a handful
+of large kernels and nothing reads a value back to the host. The readable
+encoder it must equal, step for step, is spinn/model/spec.py.
 
-- forward, per step: one gather of the rows every sentence reads (buffer top,
-  stack second, stack top, as [h | c]), the tracker's two GEMMs and its fused
-  LSTM cell, the composition's GEMMs and its fused TreeLSTM cell, written
-  straight into the step's node rows. Every sentence computes every step, so
-  all shapes are fixed by (N, L, T) and the step can be captured in a CUDA
-  graph; a node that was not a REDUCE is never read, and gets no gradient.
-- backward, per step in reverse: the cells' gate gradients from local
-  derivatives computed for all steps at once after the forward loop, two GEMMs
-  back to the inputs, and one scatter-add of the gathered rows' gradients into
-  a gradient memory. The weight gradients are one GEMM each over all steps.
+Forward, per step: one gather of the rows every sentence reads (buffer top,
+stack second, stack top, as [h | c]), the tracker's two GEMMs and its fused
+LSTM cell, the composition's GEMMs and its fused TreeLSTM cell, written
+straight into the step's node rows. Every sentence computes every step, so all
+shapes are fixed by (N, L, T) and the step can be captured in a CUDA graph; a
+node that was not a REDUCE is never read, and gets no gradient.
 
 Addresses come from the batch's StepPlan (gold transitions, worked out on the
 host) or, when the model chooses its own transitions, from DeviceStacks, one
@@ -34,15 +32,10 @@ import torch
 from torch import Tensor
 
 from spinn.model.addressing import READ_SLOTS, WORD_BASE, ZERO_ROW, DeviceStacks, Layout, StepPlan
-from spinn.trees.transitions import Transition
-
-TRACKER_GATES = 4  # g, i, f, o
-REDUCE_GATES = 5  # a, i, f_left, f_right, o
-CHILD_SLOTS = 2  # the last two read slots: stack second (left child) and stack top (right child)
-PAD_ACTION = 2
-"""The no-op a sentence takes after its own 2n - 1 steps (spinn.model.batch.PAD_TRANSITION)."""
-SLOT_ORDER = [0, 2, 1]
-"""Read slots [buffer, second, top] <-> the tracker weight's column blocks [buffer, top, second]."""
+from spinn.model.cells import CHILD_SLOTS, REDUCE_GATES, TRACKER_GATES, TRACKER_READ_ORDER
+from spinn.model.policy import sample_actions
+from spinn.model.thin_stack_backward import backward
+from spinn.trees.transitions import PAD_TRANSITION
 
 
 @dataclass
@@ -102,7 +95,7 @@ class _Encode(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad_roots, grad_states):
-        return (*ctx.loop.backward(grad_roots, grad_states), None)
+        return (*backward(ctx.loop, grad_roots, grad_states), None)
 
 
 @dataclass(frozen=True)
@@ -132,7 +125,7 @@ class _Weights:
         reduce_track = reduce_weight[:, CHILD_SLOTS * d :] if reduce_weight.shape[1] > CHILD_SLOTS * d else None
         if tracker_weight is None:
             return cls(None, None, None, reduce_in, reduce_track, reduce_bias)
-        slots = tracker_weight[:, : READ_SLOTS * d].view(-1, READ_SLOTS, d)[:, SLOT_ORDER]  # (4Dt, 3, D)
+        slots = tracker_weight[:, : READ_SLOTS * d].view(-1, READ_SLOTS, d)[:, TRACKER_READ_ORDER]  # (4Dt, 3, D)
         tracker_in = _with_zero_c(slots.reshape(-1, READ_SLOTS * d), READ_SLOTS, d)  # (4Dt, 6D)
         return cls(tracker_in, tracker_weight[:, READ_SLOTS * d :], tracker_bias, reduce_in, reduce_track, reduce_bias)
 
@@ -269,171 +262,9 @@ class _Loop:
             return
         legal = self.stacks.legal()  # (N, 2)
         scores = torch.addmm(chooser.bias, self.h[step + 1], chooser.weight.t()).masked_fill(~legal, float("-inf"))
-        if chooser.uniforms is None:
-            action = scores.argmax(1)  # (N,)
-        else:
-            p_reduce = torch.softmax(scores.float(), 1)[:, int(Transition.REDUCE)]  # (N,)
-            action = torch.where(chooser.uniforms[:, step] < p_reduce, Transition.REDUCE, Transition.SHIFT)
-        action = torch.where(self.run.real[step], action, PAD_ACTION)
+        action = scores.argmax(1) if chooser.uniforms is None else sample_actions(scores, chooser.uniforms[:, step])
+        action = torch.where(self.run.real[step], action, PAD_TRANSITION)  # (N,)
         chooser.taken[step], chooser.legal[step] = action, legal
         self.stacks.apply(action, self.reads[step], step)
         if step + 1 < self.t_steps:
             self.reads[step + 1] = self.stacks.reads()
-
-    # ------------------------------------------------------------------ backward
-
-    def backward(self, grad_roots: Tensor | None, grad_states: Tensor | None) -> tuple:
-        grads = _Gradients(self, grad_roots)
-        local = self._local_derivatives()
-        grad_states = grad_states.unbind(0) if grad_states is not None and self.w.tracked else None
-        reduce_in, tracker_in = self.w.reduce_in, self.w.tracker_in
-        for step in reversed(range(self.t_steps)):
-            grads.compose(step, local, reduce_in, self.w.reduce_track)
-            if self.w.tracked:
-                grads.track(step, local, tracker_in, self.w.tracker_rec, grad_states)
-                grads.children_from_reduce(step, local, reduce_in)
-            else:
-                grads.children_only(step, local, reduce_in)
-            grads.memory.index_add_(0, grads.reads[step], grads.row_grads)
-        return grads.inputs()
-
-    def _local_derivatives(self) -> dict[str, list[Tensor]]:
-        """What the backward multiplies gradients by, for all steps at once (a few large kernels), as
-        per-step views."""
-        sig = self.reduce_sig  # (T, N, 5, D)
-        d_sig = sig * (1 - sig)
-        children_c = self.gathered.view(self.t_steps, self.n, READ_SLOTS, 2, self.d)[:, :, 1:, 1]  # (T, N, 2, D)
-        tanh_a, tanh_c = self.reduce_tanh_a, self.reduce_tanh_c
-        reduce = torch.stack(
-            [
-                sig[:, :, 1] * (1 - tanh_a * tanh_a),  # a
-                tanh_a * d_sig[:, :, 1],  # i
-                children_c[:, :, 0] * d_sig[:, :, 2],  # f_left
-                children_c[:, :, 1] * d_sig[:, :, 3],  # f_right
-                tanh_c * d_sig[:, :, 4],  # o
-            ],
-            2,
-        )  # (T, N, 5, D)
-        local = {
-            "reduce_first4": reduce[:, :, :4].unbind(0),  # (N, 4, D) each: [a, i, f_left, f_right], times dc
-            "reduce_o": reduce[:, :, 4:].unbind(0),  # (N, 1, D) each, times dh
-            "reduce_c": (sig[:, :, 4] * (1 - tanh_c * tanh_c)).unsqueeze(2).unbind(0),  # (N, 1, D): dc from dh
-        }
-        if self.w.tracked:
-            local.update(self._tracker_derivatives())
-        return local
-
-    def _tracker_derivatives(self) -> dict[str, list[Tensor]]:
-        sig, tanh_g, tanh_c = self.tracker_sig, self.tracker_tanh_g, self.tracker_tanh_c  # (T, N, 4, Dt), ...
-        d_sig = sig * (1 - sig)
-        c_before = self.cells[: self.t_steps]  # (T, N, Dt)
-        tracker = torch.stack(
-            [
-                sig[:, :, 1] * (1 - tanh_g * tanh_g),  # g
-                tanh_g * d_sig[:, :, 1],  # i
-                c_before * d_sig[:, :, 2],  # f
-                tanh_c * d_sig[:, :, 3],  # o
-            ],
-            2,
-        )  # (T, N, 4, Dt)
-        return {
-            "tracker_first3": tracker[:, :, :3].unbind(0),  # (N, 3, Dt) each: [g, i, f], times dc
-            "tracker_o": tracker[:, :, 3:].unbind(0),  # (N, 1, Dt) each, times dh
-            "tracker_c": (sig[:, :, 3] * (1 - tanh_c * tanh_c)).unsqueeze(2).unbind(0),  # (N, 1, Dt)
-            "forget": sig[:, :, 2].unsqueeze(2).unbind(0),  # (N, 1, Dt): dc_before = dc * f
-        }
-
-
-class _Gradients:
-    """The backward loop's state: the gradient memory, the recurrent gradients, the per-step gate gradients."""
-
-    def __init__(self, loop: _Loop, grad_roots: Tensor | None):
-        self.loop = loop
-        n, d, dt, steps = loop.n, loop.d, loop.dt, loop.t_steps
-        like = loop.memory
-        self.memory = torch.zeros_like(like)  # (R, 2D)
-        if grad_roots is not None:
-            self.memory[:, :d].index_add_(0, loop.run.roots, grad_roots)
-        nodes = self.memory[loop.run.layout.node_base :].view(steps, n, 2, 1, d)  # (T, N, 2, 1, D)
-        self.node_h, self.node_c = nodes[:, :, 0].unbind(0), nodes[:, :, 1].unbind(0)  # (N, 1, D) each
-        self.reduce_gates = like.new_empty(steps, n, REDUCE_GATES, d)  # (T, N, 5, D)
-        self.r_flat = self.reduce_gates.view(steps, n, REDUCE_GATES * d).unbind(0)
-        self.r_first4 = self.reduce_gates[:, :, :4].unbind(0)
-        self.r_o = self.reduce_gates[:, :, 4:].unbind(0)
-        self.dc = like.new_empty(n, 1, d)
-        self.dc_flat = self.dc.view(n, d)
-        self.reads = loop.reads.view(steps, READ_SLOTS * n).unbind(0)
-        self.row_grads = like.new_zeros(READ_SLOTS * n, 2 * d)  # (3N, 2D) gradients of one step's gathered rows
-        flat = self.row_grads.view(n, READ_SLOTS * 2 * d)
-        self.all_slots, self.child_slots = flat, flat[:, 2 * d :]  # (N, 6D), (N, 4D)
-        slots = self.row_grads.view(n, READ_SLOTS, 2, d)
-        self.left_c, self.right_c = slots[:, 1, 1], slots[:, 2, 1]  # (N, D) each
-        if loop.w.tracked:
-            self.tracker_gates = like.new_empty(steps, n, TRACKER_GATES, dt)
-            self.t_flat = self.tracker_gates.view(steps, n, TRACKER_GATES * dt).unbind(0)
-            self.t_first3 = self.tracker_gates[:, :, :3].unbind(0)
-            self.t_o = self.tracker_gates[:, :, 3:].unbind(0)
-            self.dh = like.new_empty(n, 1, dt)
-            self.dh_flat = self.dh.view(n, dt)
-            self.dh_rec = like.new_zeros(n, dt)  # from the next step's tracker, through its h input
-            self.dc_rec = like.new_zeros(n, 1, dt)  # from the next step's cell, through its c input
-            self.dct = like.new_empty(n, 1, dt)
-
-    def compose(self, step: int, local: dict[str, list[Tensor]], reduce_in: Tensor, reduce_track) -> None:
-        """Gate gradients of the step's composition, from its node's h and c gradients."""
-        gh, gc = self.node_h[step], self.node_c[step]  # (N, 1, D)
-        torch.addcmul(gc, gh, local["reduce_c"][step], out=self.dc)
-        torch.mul(local["reduce_first4"][step], self.dc, out=self.r_first4[step])
-        torch.mul(local["reduce_o"][step], gh, out=self.r_o[step])
-
-    def track(self, step, local, tracker_in, tracker_rec, grad_states: list[Tensor] | None) -> None:
-        """Gate gradients of the step's tracker, and what flows to the step before it."""
-        torch.addmm(self.dh_rec, self.r_flat[step], self.loop.w.reduce_track, out=self.dh_flat)
-        if grad_states is not None:
-            self.dh_flat.add_(grad_states[step])
-        torch.addcmul(self.dc_rec, self.dh, local["tracker_c"][step], out=self.dct)
-        torch.mul(local["tracker_first3"][step], self.dct, out=self.t_first3[step])
-        torch.mul(local["tracker_o"][step], self.dh, out=self.t_o[step])
-        torch.mm(self.t_flat[step], tracker_in, out=self.all_slots)
-        torch.mm(self.t_flat[step], tracker_rec, out=self.dh_rec)
-        torch.mul(self.dct, local["forget"][step], out=self.dc_rec)
-
-    def children_from_reduce(self, step: int, local: dict[str, Tensor], reduce_in: Tensor) -> None:
-        """Add the composition's input gradients to the children's slots (after the tracker wrote all slots)."""
-        self.child_slots.addmm_(self.r_flat[step], reduce_in)
-        self._children_c(step)
-
-    def children_only(self, step: int, local: dict[str, Tensor], reduce_in: Tensor) -> None:
-        """No tracker: the composition alone reads the children (the buffer slot stays zero)."""
-        torch.mm(self.r_flat[step], reduce_in, out=self.child_slots)
-        self._children_c(step)
-
-    def _children_c(self, step: int) -> None:
-        self.left_c.addcmul_(self.dc_flat, self.loop.r_f1[step])
-        self.right_c.addcmul_(self.dc_flat, self.loop.r_f2[step])
-
-    def inputs(self) -> tuple:
-        """Gradients of words, tracker weight and bias, reduce weight and bias (one GEMM over all steps each)."""
-        loop, d = self.loop, self.loop.d
-        rows = loop.t_steps * loop.n
-        gathered = loop.gathered.view(rows, READ_SLOTS * 2 * d)  # (TN, 6D)
-        reduce = self.reduce_gates.view(rows, REDUCE_GATES * d)  # (TN, 5D)
-        child_weight = _h_columns(reduce.t() @ gathered[:, 2 * d :], CHILD_SLOTS, d)  # (5D, 2D) [left, right]
-        blocks = [child_weight]
-        if loop.w.tracked:
-            states = loop.states.view(loop.t_steps + 1, loop.n, loop.dt)
-            blocks.append(reduce.t() @ states[1:].reshape(rows, loop.dt))  # (5D, Dt)
-        words = self.memory[WORD_BASE : loop.run.layout.node_base]
-        reduce_grads = (torch.cat(blocks, 1), reduce.sum(0))
-        if not loop.w.tracked:
-            return words, None, None, *reduce_grads
-        tracker = self.tracker_gates.view(rows, TRACKER_GATES * loop.dt)  # (TN, 4Dt)
-        slots = _h_columns(tracker.t() @ gathered, READ_SLOTS, d).view(-1, READ_SLOTS, d)[:, SLOT_ORDER]
-        recurrent = tracker.t() @ loop.states[: loop.t_steps].reshape(rows, loop.dt)  # (4Dt, Dt)
-        tracker_weight = torch.cat([slots.reshape(-1, READ_SLOTS * d), recurrent], 1)
-        return words, tracker_weight, tracker.sum(0), *reduce_grads
-
-
-def _h_columns(grad: Tensor, slots: int, d: int) -> Tensor:
-    """(G, slots*2D) gradients over [h | c] rows -> (G, slots*D) over the h halves (the weights' real columns)."""
-    return grad.view(grad.shape[0], slots, 2, d)[:, :, 0].reshape(grad.shape[0], slots * d)
