@@ -42,7 +42,8 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from spinn.data.pairs import Example, corpus_vocabulary, encode_pairs, read_raw_pairs
+from spinn.data.example import Example
+from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
 from spinn.model.config import SPINNConfig

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.model.checkpoint import load_checkpoint
 from spinn.training.distributed import Topology, make_share, share
 

@@ -82,3 +82,27 @@ def test_the_check_sees_an_upward_import(tmp_path):
     source.write_text("def f():\n    from spinn.training.train import train\n    import spinn.cli\n")
     assert spinn_imports(source) == [(2, "spinn.training.train"), (3, "spinn.cli")]
     assert layer_of("spinn.training.train") > layer_of("spinn.model.spinn")
+
+
+def imported_closure(module: str) -> set[str]:
+    """Every spinn module that importing `module` can reach, lazy imports included."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = PACKAGE.parent.joinpath(*name.split("."))
+        source = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+        if source.is_file():
+            todo += [target for _, target in spinn_imports(source)]
+    return seen
+
+
+def test_the_model_never_reaches_a_corpus_reader():
+    """data/ turns files into examples, model/ turns examples into tensors (DESIGN.md)."""
+    readers = {"spinn.data.corpus", "spinn.data.pairs", "spinn.data.sentence_pairs", "spinn.data.prepare"}
+    for path in sorted((PACKAGE / "model").glob("*.py")):
+        assert not imported_closure(module_name(path)) & readers, path.name
+    assert "spinn.data.corpus" in imported_closure("spinn.data.pairs")  # the walk does follow imports

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 import torch
 from pydantic import Field
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.data.rejects import Reject
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs

@@ -22,7 +22,8 @@ import torch
 from pydantic import Field
 from tqdm import tqdm
 
-from spinn.data.pairs import Example, encode_pairs, read_raw_pairs
+from spinn.data.example import Example
+from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError

@@ -40,7 +40,7 @@ import yaml
 from tqdm import tqdm
 
 from spinn.data.embeddings import DEFAULT_CACHE_DIR, load_settings_embeddings
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.data.vocab import VOCAB_FILENAME, Vocabulary
 from spinn.errors import SpinnError
 from spinn.io import FolderLock, atomic_path, file_digest, lock_folder, tidy_folder, write_json
