@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from spinn.data.agreement import binarization_agreement
+from spinn.data.check_binarization import binarization_agreement
 from spinn.data.embeddings import GLOVE_6B_50D, load_embeddings
 from spinn.data.prepare import PrepareSettings, prepare
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
