@@ -45,7 +45,14 @@ from spinn.data.vocab import VOCAB_FILENAME, Vocabulary
 from spinn.errors import SpinnError
 from spinn.io import FolderLock, atomic_path, file_digest, lock_folder, tidy_folder, write_json
 from spinn.model.batch import bucket_batches
-from spinn.model.checkpoint import check_vocabulary, load_checkpoint, restore_rng_states, rng_states, save_checkpoint
+from spinn.model.checkpoint import (
+    Checkpoint,
+    check_vocabulary,
+    load_checkpoint,
+    restore_rng_states,
+    rng_states,
+    save_checkpoint,
+)
 from spinn.model.config import SPINNConfig
 from spinn.model.loading import resolve_device
 from spinn.model.spinn import SPINN
@@ -435,28 +442,30 @@ def _resume(run: _Run) -> TrainState:
     is larger; an early-stopped run stays stopped.
     """
     path = run.output_dir / LAST_CHECKPOINT
-    contents = load_checkpoint(path)  # on the CPU: load_state_dict moves what it needs; RNG states must stay
-    check_vocabulary(contents, run.vocabulary.tokens, path, "this run's vocabulary")
-    saved, current = TrainConfig.from_dict(contents["train_config"]).to_dict(), run.config.to_dict()
-    changed = sorted(key for key in current if key not in RESUMABLE_CHANGES and saved.get(key) != current[key])
+    saved = load_checkpoint(path)  # on the CPU: load_state_dict moves what it needs; RNG states must stay
+    check_vocabulary(saved, run.vocabulary.tokens, path, "this run's vocabulary")
+    if saved.train_config is None or saved.state is None or saved.optimizer_state is None:
+        raise SpinnError(f"{path}: holds a model only, no training state to resume from")
+    before, current = TrainConfig.from_dict(saved.train_config).to_dict(), run.config.to_dict()
+    changed = sorted(key for key in current if key not in RESUMABLE_CHANGES and before.get(key) != current[key])
     if changed:
         raise SpinnError(
             f"{path}: was trained with other settings ({', '.join(changed)}); "
             "resume with the same config or start a new output folder"
         )
-    run.model.load_state_dict(contents["model_state"])
-    run.optimizer.load_state_dict(contents["optimizer_state"])
-    restore_rng_states(_own_rng(contents, run.topology, path))
-    state = TrainState(**contents["state"])
+    run.model.load_state_dict(saved.model_state)
+    run.optimizer.load_state_dict(saved.optimizer_state)
+    restore_rng_states(_own_rng(saved, run.topology, path))
+    state = TrainState(**saved.state)
     state.finished = state.early_stopped or _budget_spent(run.config, state)
     return state
 
 
-def _own_rng(contents: dict, topology: Topology, path: Path) -> dict:
+def _own_rng(saved: Checkpoint, topology: Topology, path: Path) -> dict:
     """This rank's RNG states from a checkpoint: exact at the world size that wrote it. At another world
     size the batches are shared differently anyway: every rank takes rank 0's states, and the log says
     the resumed run will not repeat the uninterrupted one bit for bit."""
-    ranks = contents.get("rng_ranks") or [contents["rng"]]
+    ranks = saved.rng_by_rank()
     if len(ranks) == topology.world:
         return ranks[topology.rank]
     if topology.is_main:
@@ -629,19 +638,19 @@ def _evaluate_dev(run: _Run, state: TrainState, tracking) -> int:
 def _save(run: _Run, state: TrainState, path: Path, metrics: Metrics | None = None) -> None:
     save_checkpoint(
         path,
-        {
-            "model_state": run.model.state_dict(),
-            "optimizer_state": run.optimizer.state_dict(),
-            "model_config": run.model.config.to_dict(),
-            "train_config": run.config.to_dict(),
-            "vocab": run.vocabulary.to_json(),
-            "step": state.step,
-            "state": asdict(state),
-            "rng": rng_states(),
-            "rng_ranks": run.rng_ranks or [rng_states()],
-            "data": run.data_hashes,
-            "metrics": None if metrics is None else metrics.to_json(),
-        },
+        Checkpoint(
+            model_state=run.model.state_dict(),
+            optimizer_state=run.optimizer.state_dict(),
+            model_config=run.model.config.to_dict(),
+            train_config=run.config.to_dict(),
+            vocab=run.vocabulary.to_json(),
+            step=state.step,
+            state=asdict(state),
+            rng=rng_states(),
+            rng_ranks=run.rng_ranks or [rng_states()],
+            data=run.data_hashes,
+            metrics=None if metrics is None else metrics.to_json(),
+        ),
     )
 
 
@@ -668,7 +677,7 @@ def _finish(run: _Run, state: TrainState, tracking, register: bool) -> TrainResu
         "steps": state.step,
         "best_step": state.best_step,
         "best_dev_accuracy": state.best_dev_accuracy,
-        "dev": best["metrics"],
+        "dev": best.metrics,
         "train_seconds": state.train_seconds,
         "pairs_per_second": pairs_per_second,
         "config": run.config.to_dict(),
@@ -692,7 +701,7 @@ def _finish(run: _Run, state: TrainState, tracking, register: bool) -> TrainResu
         promoted,
         state.train_seconds,
         pairs_per_second,
-        best["metrics"] or {},
+        best.metrics or {},
     )
 
 
