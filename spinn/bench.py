@@ -392,7 +392,7 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
     import tempfile
 
     from spinn.labeling.label import LabelSettings, label
-    from spinn.parsing.parser import decided
+    from spinn.parsing.settings import decided
 
     settings = settings or LabelSettings().replace(parsing={"cache_path": None})
     with tempfile.TemporaryDirectory(prefix="spinn-bench-label-") as folder:

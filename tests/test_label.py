@@ -24,7 +24,7 @@ import pytest
 from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
 from spinn.labeling.label import LabelSettings, label, parts_folder, rejects_file
-from spinn.parsing.parser import ParserSettings
+from spinn.parsing.settings import ParserSettings
 from spinn.trees.transitions import parse_binary, right_branching
 
 TOLERANCE = 1e-5

@@ -106,3 +106,21 @@ def test_the_model_never_reaches_a_corpus_reader():
     for path in sorted((PACKAGE / "model").glob("*.py")):
         assert not imported_closure(module_name(path)) & readers, path.name
     assert "spinn.data.corpus" in imported_closure("spinn.data.pairs")  # the walk does follow imports
+
+
+def imported_roots(path: Path) -> set[str]:
+    """The top-level package of every import in the file, lazy ones included."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize(("package", "door"), [("stanza", "spinn/parsing/stanza_pipeline.py")])
+def test_a_heavy_dependency_has_one_door(package, door):
+    """DESIGN.md: heavy dependencies have one door each."""
+    importers = [str(path.relative_to(PACKAGE.parent)) for path in SOURCES if package in imported_roots(path)]
+    assert importers == [door]

@@ -40,7 +40,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -57,8 +57,12 @@ from spinn.io import LOCK_NAME, atomic_path, atomic_paths, file_digest, lock_fol
 from spinn.labeling.progress import LabelProgress, ShardShare
 from spinn.model.batch import WIDTH_STEP, bucket_batches, make_batch, own_steps
 from spinn.model.loading import LoadedModel, load_model, resolve_device
+from spinn.parsing import protocol
+from spinn.parsing.cpu import torch_threads
 from spinn.parsing.parse import SENTENCES, TokenOnly
-from spinn.parsing.parser import Parsed, ParserSettings, SentenceParser, Unparsed, torch_threads
+from spinn.parsing.parser import SentenceParser
+from spinn.parsing.protocol import Parsed, PendingParse, Unparsed
+from spinn.parsing.settings import ParserSettings
 from spinn.settings import Device, Settings
 from spinn.training.step import InferStep
 from spinn.trees.transitions import right_branching, transitions_to_tree
@@ -255,7 +259,7 @@ class Labeller:
         self.loaded: LoadedModel = load_model(self.reference, resolve_device(settings.device))
         self.parser_name = resolve_parser(settings.parser, self.loaded)
         self.infer = InferStep(self.loaded.model, predict_transitions=self.parser_name == PARSER_MODEL)
-        self.parser = (
+        self.parser: protocol.Parser = (
             SentenceParser(settings.parsing)
             if self.parser_name == PARSER_STANZA
             else TokenOnly(settings.parsing.max_tokens)
@@ -405,7 +409,7 @@ class ShardParse:
     """A shard's pairs and the parse of their sentences, started (`start_parse`) and maybe still running."""
 
     pairs: list[dict]
-    pending: Any  # SentenceParser.submit's PendingParses, or TokenOnly's finished twin
+    pending: PendingParse
     share: ShardShare
 
 
