@@ -21,8 +21,8 @@ from typing import ClassVar
 
 import numpy
 
-from spinn.data.download import verify
 from spinn.data.embedding_cache import CacheEntry, cache_key
+from spinn.data.fetch import verify
 from spinn.data.glove import VECTOR_DTYPE, Aligned, align_packaged, align_text_file
 from spinn.data.vector_sources import (
     ACCEPTED_SOURCES,

@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 from urllib.parse import urlsplit
 
-from spinn.data.download import Checksum, ensure_archive, fetch_url
+from spinn.data.fetch import Checksum, ensure_archive, fetch_url
 from spinn.errors import SpinnError
 
 GLOVE_6B_50D = "glove-6b-50d"
