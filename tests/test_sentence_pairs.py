@@ -19,8 +19,8 @@ from spinn.data.sentence_pairs import (
     detect_format,
     read_input_pairs,
     resolve_columns,
-    simple_tokenize,
 )
+from spinn.data.tokens import simple_tokenize
 from spinn.errors import SpinnError
 
 HEADER = ("id", "premise", "hypothesis", "label")

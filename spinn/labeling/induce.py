@@ -13,7 +13,8 @@ from pathlib import Path
 import torch
 from pydantic import Field
 
-from spinn.data.sentence_pairs import InputPair, read_input_pairs, simple_tokenize
+from spinn.data.sentence_pairs import InputPair, read_input_pairs
+from spinn.data.tokens import simple_tokenize
 from spinn.data.vocab import PAD_ID
 from spinn.errors import SpinnError
 from spinn.io import atomic_path

@@ -23,7 +23,8 @@ from pydantic import Field
 from spinn.data.prepare import PairWriter, PrepareSummary, infer_split
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.schema import pair_schema
-from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs, simple_tokenize
+from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
+from spinn.data.tokens import simple_tokenize
 from spinn.io import atomic_paths
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed
@@ -56,7 +57,7 @@ class Tokenized:
 
 
 class TokenOnly:
-    """The `Parser` without a parser: tokens (spinn.data.sentence_pairs.simple_tokenize) and no tree.
+    """The `Parser` without a parser: tokens (spinn.data.tokens.simple_tokenize) and no tree.
 
     For models that build their own trees (rl, or spinn on predicted
     transitions): pairs are stored with empty transition lists.
