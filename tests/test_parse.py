@@ -481,30 +481,3 @@ def test_workers_are_not_forked_beside_another_thread_or_for_the_gpu() -> None:
         stop.set()
         other.join()
     assert not can_fork(use_gpu=True)
-
-
-def test_the_stanza_parser_and_the_token_only_one_both_implement_the_parser_protocol() -> None:
-    """The labeller and the parse stage take either through `Parser`: every member, with the same parameters."""
-    import inspect
-
-    from spinn.parsing.parse import TokenOnly
-    from spinn.parsing.protocol import Parser
-
-    members = {name for name in vars(Parser) if not name.startswith("_")}
-    assert members == {"model_id", "workers", "parse", "submit", "close"}
-    for implementation in (SentenceParser, TokenOnly):
-        for name in members:
-            wanted, found = getattr(Parser, name), getattr(implementation, name)
-            if callable(wanted):
-                assert list(inspect.signature(found).parameters) == list(inspect.signature(wanted).parameters), name
-            else:
-                assert hasattr(implementation, name), name
-    tokens = TokenOnly(max_tokens=4)
-    pending = tokens.submit(["A dog runs .", "", "one two three four five"])
-    assert pending.to_parse == 3 and tokens.model_id == "none" and tokens.workers == 1
-    results = pending.result()
-    assert results["A dog runs ."] == Parsed(["A", "dog", "runs", "."], [], "")
-    assert [results[text].reason for text in ("", "one two three four five")] == [
-        RejectReason.EMPTY_SENTENCE,
-        RejectReason.TOO_LONG,
-    ]
