@@ -147,6 +147,7 @@ def parse_pairs(
 
 
 def _own_parser(trees: str, parsing: ParserSettings) -> Parser:
+    """The parser a call without one gets: Stanza, or tokens only for trees="none"."""
     return TokenOnly(parsing.max_tokens) if trees == TREES_NONE else SentenceParser(parsing)
 
 

@@ -31,6 +31,8 @@ class TrainState:
 
 @dataclass
 class TrainResult:
+    """What `train` returns (and rank 0 leaves in result.json for a relaunching process)."""
+
     run_id: str
     steps: int
     best_step: int
