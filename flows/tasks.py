@@ -131,8 +131,8 @@ def train_stage(
     run_name: str | None,
 ) -> StageOutput:
     """Train without registering: the flow registers after evaluation, as its own step."""
+    from spinn.training.publish import write_metrics_files
     from spinn.training.train import train as fit
-    from spinn.training.train import write_metrics_files
 
     result = fit(
         train,

@@ -42,7 +42,8 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
-from spinn.data.pairs import Example, corpus_vocabulary, encode_pairs, read_raw_pairs
+from spinn.data.example import Example
+from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
 from spinn.inference.step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
@@ -405,7 +406,7 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
 
     from spinn.labeling.label import label
     from spinn.labeling.settings import LabelSettings
-    from spinn.parsing.parser import decided
+    from spinn.parsing.settings import decided
 
     settings = settings or LabelSettings().replace(parsing={"cache_path": None})
     with tempfile.TemporaryDirectory(prefix="spinn-bench-label-") as folder:

@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spinn.data.pairs import Example, RawPair, corpus_vocabulary, encode_pairs, read_raw_pairs
+from spinn.data.example import Example
+from spinn.data.pairs import RawPair, corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
 from spinn.data.vocab import PAD_ID, UNK_ID
 from spinn.errors import SpinnError

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from spinn.data.agreement import binarization_agreement
+from spinn.data.check_binarization import binarization_agreement
 from spinn.trees.binarize import basic_category, binarize, find_head
 from spinn.trees.transitions import parse_binary
 from spinn.trees.tree import format_binary, parse_ptb

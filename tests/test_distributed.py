@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.model.checkpoint import load_checkpoint
 from spinn.training.distributed import Topology, make_share, share
 
@@ -117,7 +117,7 @@ def run(root: Path, output: str, *extra: str) -> subprocess.CompletedProcess:
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
-    return load_checkpoint(path)["model_state"]
+    return load_checkpoint(path).model_state
 
 
 def assert_same_weights(first: Path, second: Path, tolerance: float) -> None:
@@ -136,7 +136,7 @@ def test_two_ranks_train_what_one_process_trains_in_one_run(project):
     assert "train step 5/20 (25%)" in printed and "s/step" not in printed and "step/s" not in printed
     run(project, "one", "--set", "max_steps=20", "--no-register")
     assert_same_weights(project / "one" / "last.pt", project / "two" / "last.pt", WEIGHT_TOLERANCE)
-    assert len(load_checkpoint(project / "two" / "last.pt")["rng_ranks"]) == 2
+    assert len(load_checkpoint(project / "two" / "last.pt").rng_by_rank()) == 2
     mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
     runs = mlflow.search_runs(experiment_names=["distributed"])
     assert sorted(runs["params.world_size"]) == ["1", "2"]  # one run per job, not one per rank
@@ -182,7 +182,7 @@ def _wait_for_checkpoint(path: Path, job: subprocess.Popen, at_least: int = 10) 
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
         if path.is_file():
-            step = load_checkpoint(path)["step"]
+            step = load_checkpoint(path).step
             if step >= at_least:
                 return step
         assert job.poll() is None, "the job ended before it could be killed"

@@ -1,4 +1,4 @@
-"""Tests for spinn.data.download: every path runs offline against a local HTTP server."""
+"""Tests for spinn.data.download and spinn.data.fetch: every path runs offline against a local HTTP server."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from spinn.data.download import CORPORA, Checksum, DownloadError, DownloadResult, download_corpus, extract_zip
+from spinn.data.download import CORPORA, DownloadResult, download_corpus, extract_zip
+from spinn.data.fetch import Checksum, DownloadError
 from spinn.errors import SpinnError
 from tests.httpserver import LocalServer
 

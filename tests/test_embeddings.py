@@ -13,7 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import spinn.data.embeddings as embeddings
-from spinn.data.embeddings import GLOVE_6B_50D, EmbeddingReport, OOVPolicy, load_embeddings
+from spinn.data.embeddings import EmbeddingReport, OOVPolicy, load_embeddings
+from spinn.data.vector_sources import GLOVE_6B_50D, fetch_source
 from spinn.data.vocab import PAD_ID, SPECIALS, UNK_ID, Vocabulary
 from spinn.errors import SpinnError
 from tests.httpserver import LocalServer
@@ -303,10 +304,10 @@ def test_url_download_resumes_after_a_cut(server: LocalServer, cache: Path) -> N
 def test_complete_part_answered_with_416_is_promoted(server: LocalServer, cache: Path) -> None:
     data = gzip.compress(TINY_TEXT)
     url = server.serve(URL_PATH, data)
-    dest = embeddings.fetch_source(url, cache, None, False)
+    dest = fetch_source(url, cache, None, False)
     part = dest.with_name(dest.name + ".part")
     dest.rename(part)
-    assert embeddings.fetch_source(url, cache, None, False) == dest
+    assert fetch_source(url, cache, None, False) == dest
     assert server.requests[-1].range == f"bytes={len(data)}-"
     assert dest.read_bytes() == data and not part.exists()
 

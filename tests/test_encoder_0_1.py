@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.model.batch import make_batch
 from spinn.model.config import SPINNConfig
 from spinn.model.spinn import SPINN, spinn_loss

@@ -26,7 +26,7 @@ from spinn.errors import SpinnError
 from spinn.labeling.label import label
 from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shards import parts_folder, rejects_file
-from spinn.parsing.parser import ParserSettings
+from spinn.parsing.settings import ParserSettings
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary
 

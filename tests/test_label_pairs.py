@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flows.label_pairs import LabelRequest
-from spinn.parsing.parser import DEFAULT_CACHE_PATH
+from spinn.parsing.settings import DEFAULT_CACHE_PATH
 
 
 def test_the_flow_and_spinn_label_share_one_parse_cache(tmp_path, monkeypatch):

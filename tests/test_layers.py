@@ -101,3 +101,56 @@ def test_labelling_never_reaches_into_training():
         if target.startswith("spinn.training")
     ]
     assert not reached, "\n".join(reached)
+
+
+def imported_closure(module: str) -> set[str]:
+    """Every spinn module that importing `module` can reach, lazy imports included."""
+    seen: set[str] = set()
+    todo = [module]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        path = PACKAGE.parent.joinpath(*name.split("."))
+        source = path.with_suffix(".py") if path.with_suffix(".py").is_file() else path / "__init__.py"
+        if source.is_file():
+            todo += [target for _, target in spinn_imports(source)]
+    return seen
+
+
+def test_the_model_never_reaches_a_corpus_reader():
+    """data/ turns files into examples, model/ turns examples into tensors (DESIGN.md)."""
+    readers = {"spinn.data.corpus", "spinn.data.pairs", "spinn.data.sentence_pairs", "spinn.data.prepare"}
+    for path in sorted((PACKAGE / "model").glob("*.py")):
+        assert not imported_closure(module_name(path)) & readers, path.name
+    assert "spinn.data.corpus" in imported_closure("spinn.data.pairs")  # the walk does follow imports
+
+
+def imported_roots(path: Path) -> set[str]:
+    """The top-level package of every import in the file, lazy ones included."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+@pytest.mark.parametrize(("package", "door"), [("stanza", "spinn/parsing/stanza_pipeline.py")])
+def test_a_heavy_dependency_has_one_door(package, door):
+    """DESIGN.md: heavy dependencies have one door each."""
+    importers = [str(path.relative_to(PACKAGE.parent)) for path in SOURCES if package in imported_roots(path)]
+    assert importers == [door]
+
+
+MAX_MODULE_LINES = 500
+"""Issue 25: a module longer than this holds more than one concept; split it along its seams."""
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda path: str(path.relative_to(PACKAGE.parent)))
+def test_a_module_holds_one_concept(path):
+    name = str(path.relative_to(PACKAGE.parent))
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_MODULE_LINES, f"{name}: {lines} lines"

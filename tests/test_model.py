@@ -8,7 +8,8 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from spinn.data.pairs import Example, corpus_vocabulary, encode_pairs, read_raw_pairs
+from spinn.data.example import Example
+from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
 from spinn.model.addressing import gold_plan
 from spinn.model.batch import Batch, make_batch

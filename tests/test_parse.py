@@ -23,7 +23,9 @@ import pytest
 
 from spinn.data.rejects import RejectReason
 from spinn.errors import SpinnError
-from spinn.parsing.parser import Parsed, ParserSettings, SentenceParser, Unparsed
+from spinn.parsing.parser import SentenceParser
+from spinn.parsing.protocol import Parsed, Unparsed
+from spinn.parsing.settings import ParserSettings
 from spinn.trees.transitions import Transition, check_transitions, read_binary_parse
 
 pytestmark = pytest.mark.stanza
@@ -57,7 +59,7 @@ def parser(cache_path: Path, one_torch_thread: None) -> Iterator[SentenceParser]
 def _sharing_pipeline(parser: SentenceParser, settings: ParserSettings) -> SentenceParser:
     """A new parser (own settings, stats and cache) reusing the loaded Stanza models: loading costs seconds."""
     fresh = SentenceParser(settings)
-    fresh._pipeline = parser._pipeline
+    fresh._stanza.pipeline = parser._stanza.pipeline
     return fresh
 
 
@@ -209,14 +211,15 @@ def test_cache_serves_a_second_parser_and_is_keyed_by_model(parser: SentencePars
         model_id = "another-parser-model"
 
     with OtherModel(_settings(cache_path)) as other:
-        other._pipeline = parser._pipeline  # the same Stanza under another model id: only the key differs
+        other._stanza.pipeline = parser._stanza.pipeline  # the same Stanza under another model id: only the key differs
         other.parse(texts)
         assert (other.stats.parsed, other.stats.cache_hits) == (len(texts), 0)
 
 
 def test_model_id_is_stable_across_processes(parser: SentenceParser) -> None:
     code = (
-        "from pathlib import Path; from spinn.parsing.parser import ParserSettings, SentenceParser; "
+        "from pathlib import Path; from spinn.parsing.parser import SentenceParser; "
+        "from spinn.parsing.settings import ParserSettings; "
         f"print(SentenceParser(ParserSettings(stanza_dir=Path({str(STANZA_DIR)!r}), cache_path=None)).model_id)"
     )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -259,7 +262,7 @@ def test_token_limit_also_applies_to_stanza_tokens(parser: SentenceParser, cache
 
 def test_a_sentence_stanza_fails_on_is_rejected_alone(parser: SentenceParser, monkeypatch: pytest.MonkeyPatch) -> None:
     poison = "The parser chokes on this one."
-    pipeline = parser._pipeline
+    pipeline = parser._stanza.pipeline
     original = pipeline.process
 
     def failing_process(documents, *args, **kwargs):
@@ -324,7 +327,7 @@ def test_stanza_runs_on_the_settings_threads_and_the_caller_keeps_its_own(
     import torch
 
     seen = []
-    pipeline = parser._pipeline
+    pipeline = parser._stanza.pipeline
     original = pipeline.bulk_process
 
     def counting(documents, *args, **kwargs):
@@ -352,7 +355,7 @@ def test_pretokenized_text_is_split_on_spaces_only_and_cached_apart(parser: Sent
         result = _parsed(pretokenized.parse([text])[text])
         assert result.tokens == text.split()
         assert pretokenized.model_id != parser.model_id
-        assert "mwt_model_path" not in pretokenized._resolved().files  # no multi-word tokens to expand
+        assert "mwt_model_path" not in pretokenized._stanza.models().files  # no multi-word tokens to expand
 
 
 @pytest.mark.slow
@@ -364,7 +367,7 @@ def test_spawned_workers_give_the_same_trees_and_parse_each_sentence_once(
     submit, not parsed again."""
     from spinn.parsing import parser as parser_module
 
-    monkeypatch.setattr(parser_module, "_can_fork", lambda use_gpu: False)
+    monkeypatch.setattr(parser_module, "can_fork", lambda use_gpu: False)
     texts = list(_snli_premises(12))
     alone = parser.parse(texts)
     with SentenceParser(_settings(None, workers=2, batch_size=2)) as pool:
@@ -380,16 +383,18 @@ def test_spawned_workers_give_the_same_trees_and_parse_each_sentence_once(
 
 FORKED_PARSE = """
 import json, os, sys
-from spinn.parsing import parser as module
+from spinn.parsing import stanza_pipeline
+from spinn.parsing.parser import SentenceParser
+from spinn.parsing.settings import ParserSettings
 
-build = module._build_pipeline
+build = stanza_pipeline.build_pipeline
 def build_and_log(*args):
     with open(sys.argv[2], "a") as log:
         log.write(f"{os.getpid()}\\n")
     return build(*args)
-module._build_pipeline = build_and_log
-settings = module.ParserSettings(stanza_dir=sys.argv[1], device="cpu", cache_path=None, workers=2, batch_size=2)
-with module.SentenceParser(settings) as parser:
+stanza_pipeline.build_pipeline = build_and_log
+settings = ParserSettings(stanza_dir=sys.argv[1], device="cpu", cache_path=None, workers=2, batch_size=2)
+with SentenceParser(settings) as parser:
     results = parser.parse(json.loads(sys.stdin.read()))
     method = parser._pool._mp_context.get_start_method()
 print(json.dumps({"pid": os.getpid(), "method": method, "trees": {t: r.binary_parse for t, r in results.items()}}))
@@ -422,7 +427,7 @@ def test_workers_fork_from_a_single_threaded_caller_that_loaded_stanza_once(
 
 def test_objects_frozen_for_a_parse_are_collectable_again_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
     """A closed parser's models must not leak: Stanza's pipeline and processors refer to each other."""
-    from spinn.parsing import parser as parser_module
+    from spinn.parsing import cpu
 
     class Node:
         pass
@@ -430,7 +435,7 @@ def test_objects_frozen_for_a_parse_are_collectable_again_after_it(monkeypatch: 
     cycle = Node()
     cycle.me = cycle
     alive = weakref.ref(cycle)
-    with parser_module.gc_frozen():
+    with cpu.gc_frozen():
         assert gc.get_freeze_count() > 0
         del cycle
         gc.collect()
@@ -438,8 +443,8 @@ def test_objects_frozen_for_a_parse_are_collectable_again_after_it(monkeypatch: 
     assert gc.get_freeze_count() == 0
     gc.collect()
     assert alive() is None
-    monkeypatch.setattr(parser_module, "_WORKER", object())  # a worker process: the freeze stays
-    with parser_module.gc_frozen():
+    monkeypatch.setattr(cpu, "_FROZEN_FOR_LIFE", True)  # a worker process: the freeze stays
+    with cpu.gc_frozen():
         assert gc.get_freeze_count() == 0
 
 
@@ -452,27 +457,27 @@ def test_workers_are_a_count_or_auto() -> None:
 
 
 def test_auto_is_one_worker_per_usable_core_on_the_cpu_and_one_with_a_larger_batch_on_the_gpu() -> None:
-    from spinn.parsing.parser import CPU_BATCH_SIZE, GPU_BATCH_SIZE, _decided, decided
+    from spinn.parsing.settings import CPU_BATCH_SIZE, GPU_BATCH_SIZE, decided, decided_for
 
     cores = len(os.sched_getaffinity(0))
     on_cpu = decided(ParserSettings(device="cpu"))
     assert (on_cpu.workers, on_cpu.batch_size) == (cores, CPU_BATCH_SIZE)
-    on_gpu = _decided(ParserSettings(), use_gpu=True)
+    on_gpu = decided_for(ParserSettings(), use_gpu=True)
     assert (on_gpu.workers, on_gpu.batch_size) == (1, GPU_BATCH_SIZE)
-    given = _decided(ParserSettings(workers=3, batch_size=7), use_gpu=True)
+    given = decided_for(ParserSettings(workers=3, batch_size=7), use_gpu=True)
     assert (given.workers, given.batch_size) == (3, 7)
     assert SentenceParser(ParserSettings(device="cpu", cache_path=None)).workers == cores
 
 
 def test_workers_are_not_forked_beside_another_thread_or_for_the_gpu() -> None:
-    from spinn.parsing.parser import _can_fork
+    from spinn.parsing.workers import can_fork
 
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
     other.start()
     try:
-        assert not _can_fork(use_gpu=False)
+        assert not can_fork(use_gpu=False)
     finally:
         stop.set()
         other.join()
-    assert not _can_fork(use_gpu=True)
+    assert not can_fork(use_gpu=True)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.model.batch import make_batch, own_steps
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.policy import free_reduce_share, reinforce, sample_actions

@@ -55,7 +55,15 @@ def assert_same_predictions(found: dict, expected: dict) -> None:
 
 
 def test_the_checkpoint_loads_and_predicts_the_same(expected):
-    assert load_checkpoint(RELEASE / "checkpoint.pt")["format"] == "spinn.checkpoint"
+    saved = load_checkpoint(RELEASE / "checkpoint.pt")
+    assert (saved.step, saved.run_id, len(saved.rng_by_rank())) == (6, "25b22f7708004c40ac2439735f0c6d91", 1)
+    raw = torch.load(RELEASE / "checkpoint.pt", weights_only=True)
+    rewritten = saved.to_dict()
+    assert set(raw) - set(rewritten) == {"scheduler_state"}  # 0.1.0's scheduler: the only key left behind
+    assert set(rewritten) - set(raw) == {"rng_ranks"}  # added since, None for a file that lacks it
+    for key in ("format", "version", "step", "state", "vocab", "model_config", "train_config", "data", "metrics"):
+        assert rewritten[key] == raw[key], key
+    assert all(torch.equal(tensor, raw["model_state"][name]) for name, tensor in rewritten["model_state"].items())
     assert_same_predictions(predictions(RELEASE / "checkpoint.pt"), expected)
 
 

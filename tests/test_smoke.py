@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from spinn.data.agreement import binarization_agreement
-from spinn.data.embeddings import GLOVE_6B_50D, load_embeddings
+from spinn.data.check_binarization import binarization_agreement
+from spinn.data.embeddings import load_embeddings
 from spinn.data.prepare import PrepareSettings, prepare
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.data.smoke import HYPERNYMS, SMOKE_ARCHIVE_ROOT, SMOKE_SPLITS, smoke_records, write_smoke_corpus
+from spinn.data.vector_sources import GLOVE_6B_50D
 from spinn.data.vocab import vocabulary_from_counts
 from spinn.errors import SpinnError
 from spinn.trees.tree import CLOSE, OPEN, parse_ptb

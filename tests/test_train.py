@@ -17,7 +17,7 @@ import torch
 from spinn.data.prepare import prepare
 from spinn.data.vocab import Vocabulary, vocab_stage
 from spinn.errors import SpinnError, advice, option_name
-from spinn.model.checkpoint import load_checkpoint, save_checkpoint
+from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings, evaluate
 from spinn.training.train import train
@@ -95,8 +95,10 @@ def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
     assert artifacts == {"model/checkpoint.pt", "model/vocab.json", "model/config.json"}
     champion = client.get_model_version_by_alias("spinn-test", "champion")
     assert str(champion.version) == "1" and champion.run_id == result.run_id
-    contents = load_checkpoint(result.best_checkpoint)
+    contents = torch.load(result.best_checkpoint, weights_only=True)  # the file is the same plain dict as ever
     assert {
+        "format",
+        "version",
         "model_state",
         "optimizer_state",
         "model_config",
@@ -104,8 +106,12 @@ def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
         "vocab",
         "step",
         "rng",
+        "rng_ranks",
         "state",
-    } <= set(contents)
+        "data",
+        "metrics",
+    } == set(contents)
+    assert load_checkpoint(result.best_checkpoint).to_dict().keys() == contents.keys()
 
 
 def test_resuming_a_finished_run_registers_nothing_new(prepared, workdir):
@@ -242,8 +248,8 @@ def test_checkpoints_never_unpickle_code(tmp_path):
     torch.save({"format": "spinn.checkpoint", "version": 1, "evil": Payload()}, tmp_path / "evil.pt")
     with pytest.raises(SpinnError, match="not a readable spinn checkpoint"):
         load_checkpoint(tmp_path / "evil.pt")
-    save_checkpoint(tmp_path / "ok.pt", {"model_state": {}, "model_config": {}, "vocab": {}, "step": 0})
-    assert load_checkpoint(tmp_path / "ok.pt")["step"] == 0
+    save_checkpoint(tmp_path / "ok.pt", Checkpoint(model_state={}, model_config={}, vocab={}, step=0))
+    assert load_checkpoint(tmp_path / "ok.pt").step == 0
 
 
 def test_every_torch_load_is_weights_only():
@@ -297,18 +303,18 @@ def test_resume_after_kill_reaches_the_same_weights(prepared, workdir):
     killed.send_signal(signal.SIGKILL)
     killed.wait(timeout=60)
     assert killed.returncode == -signal.SIGKILL, "the run ended before it could be killed"
-    interrupted_at = load_checkpoint(last)["step"]
+    interrupted_at = load_checkpoint(last).step
     assert 0 < interrupted_at < KILL_RUN_STEPS
 
     resumed = spinn_train(*common, "--output", "killed", "--resume", cwd=workdir)
     assert resumed.wait(timeout=600) == 0, resumed.stdout.read()
     expected = load_checkpoint(workdir / "whole" / "last.pt")
     actual = load_checkpoint(last)
-    assert actual["step"] == expected["step"] == KILL_RUN_STEPS
-    for name, tensor in expected["model_state"].items():
-        assert torch.equal(tensor, actual["model_state"][name]), name
-    assert actual["state"]["best_dev_accuracy"] == expected["state"]["best_dev_accuracy"]
-    assert actual["state"]["run_id"] == load_checkpoint(workdir / "killed" / "best.pt")["state"]["run_id"]
+    assert actual.step == expected.step == KILL_RUN_STEPS
+    for name, tensor in expected.model_state.items():
+        assert torch.equal(tensor, actual.model_state[name]), name
+    assert actual.state["best_dev_accuracy"] == expected.state["best_dev_accuracy"]
+    assert actual.run_id == load_checkpoint(workdir / "killed" / "best.pt").run_id
 
 
 def test_rng_states_restore_whatever_device_or_dtype_they_come_back_as():
@@ -397,7 +403,7 @@ def test_a_new_run_refuses_a_folder_holding_an_earlier_run_unless_told_to_overwr
     assert "--" not in str(refused.value)  # the library names settings; each front end words them
     assert {name: (workdir / "m" / name).read_bytes() for name in before} == before
     replaced = short_run(prepared, workdir / "m", overwrite=True)
-    assert replaced.run_id != first.run_id and load_checkpoint(workdir / "m" / "last.pt")["step"] == 2
+    assert replaced.run_id != first.run_id and load_checkpoint(workdir / "m" / "last.pt").step == 2
     with pytest.raises(SpinnError, match="resume continues the run there and overwrite replaces it") as both:
         short_run(prepared, workdir / "m", resume=True, overwrite=True)
     assert (
@@ -501,6 +507,29 @@ def test_without_an_output_folder_each_distinct_run_trains_into_its_own(prepared
     other = train(*paths, tiny_config(max_steps=1, learning_rate=0.01), register=False, progress=False)
     assert first.best_checkpoint.parent != other.best_checkpoint.parent
     assert first.best_checkpoint.parent.parent == other.best_checkpoint.parent.parent == Path("data/runs")
-    assert load_checkpoint(first.best_checkpoint)["state"]["run_id"] == first.run_id
+    assert load_checkpoint(first.best_checkpoint).run_id == first.run_id
     with pytest.raises(SpinnError, match="earlier run"):
         train(*paths, tiny_config(max_steps=1), register=False, progress=False)
+
+
+def test_a_checkpoint_record_round_trips_through_the_file_it_writes(tmp_path):
+    """The typed record saves the same plain dict, read back with weights_only, field for field."""
+    record = Checkpoint(
+        model_state={"w": torch.arange(3.0)},
+        model_config={"variant": "pi"},
+        vocab={"tokens": ["<pad>", "<unk>", "a"]},
+        step=7,
+        state={"run_id": "abc", "step": 7},
+        rng_ranks=[{"python": None}, {"python": None}],
+    )
+    save_checkpoint(tmp_path / "c.pt", record)
+    raw = torch.load(tmp_path / "c.pt", weights_only=True)
+    assert (raw["format"], raw["version"], raw["step"], raw["metrics"]) == ("spinn.checkpoint", 1, 7, None)
+    back = load_checkpoint(tmp_path / "c.pt")
+    assert torch.equal(back.model_state["w"], record.model_state["w"])
+    assert (back.run_id, back.tokens, len(back.rng_by_rank())) == ("abc", ["<pad>", "<unk>", "a"], 2)
+    torch.save({key: value for key, value in raw.items() if key != "vocab"}, tmp_path / "partial.pt")
+    with pytest.raises(SpinnError, match="partial.pt: checkpoint lacks vocab"):
+        load_checkpoint(tmp_path / "partial.pt")
+    with pytest.raises(SpinnError, match="no random states"):
+        Checkpoint(model_state={}, model_config={}, vocab={}, step=0).rng_by_rank()

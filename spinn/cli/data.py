@@ -122,7 +122,7 @@ def embeddings(vocab_path: Path, cache_dir: Path, config_path: Path | None, **op
 @click.option("--show", type=click.IntRange(min=0), default=5, show_default=True, help="Mismatches to print.")
 def check_binarization(input_path: Path, member: str | None, show: int) -> None:
     """Binarize every sentence*_parse and report agreement with sentence*_binary_parse."""
-    from spinn.data.agreement import binarization_agreement
+    from spinn.data.check_binarization import binarization_agreement
 
     agreement = binarization_agreement(input_path, member)
     for mismatch in agreement.examples[:show]:

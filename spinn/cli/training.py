@@ -88,8 +88,8 @@ def train(
 ) -> None:
     """Train a SPINN model with MLflow tracking, checkpoints and model registration."""
     from spinn.settings import overrides_from
+    from spinn.training.publish import write_metrics_files
     from spinn.training.train import train as train_stage
-    from spinn.training.train import write_metrics_files
 
     config = resolve(TrainConfig, config_path, overrides_from(overrides), given(TrainConfig, options))
     result = train_stage(

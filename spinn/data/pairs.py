@@ -14,28 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spinn.data.corpus import LABEL_FIELD, SENTENCES, TreeSource, iter_records, open_corpus, sentence_transitions
+from spinn.data.example import Example
 from spinn.data.rejects import RecordProblem
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL, read_pairs
 from spinn.data.vocab import Vocabulary, vocabulary_from_counts
 from spinn.errors import SpinnError
 
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
-
-
-@dataclass(frozen=True)
-class Example:
-    """One sentence pair as ids: what a batch is made of."""
-
-    premise: tuple[int, ...]
-    premise_transitions: tuple[int, ...]
-    hypothesis: tuple[int, ...]
-    hypothesis_transitions: tuple[int, ...]
-    label: int | None = None
-
-    @property
-    def length(self) -> int:
-        """The longer sentence sets the number of steps the pair needs."""
-        return max(len(self.premise), len(self.hypothesis))
 
 
 @dataclass(frozen=True)

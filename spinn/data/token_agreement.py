@@ -18,7 +18,7 @@ from enum import Enum
 from itertools import accumulate
 from pathlib import Path
 
-from spinn.data.agreement import Agreement, Mismatch
+from spinn.data.check_binarization import Agreement, Mismatch
 from spinn.data.corpus import BINARY_SUFFIX, SENTENCES, iter_records, open_corpus
 from spinn.data.rejects import RecordProblem
 from spinn.trees.tokenize import tokenize

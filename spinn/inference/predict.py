@@ -16,12 +16,13 @@ import numpy
 import torch
 from torch import Tensor
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.errors import SpinnError
 from spinn.inference.step import InferStep
-from spinn.model.batch import PAD_TRANSITION, WIDTH_STEP, bucket_batches, make_batch, own_steps
+from spinn.model.batch import WIDTH_STEP, bucket_batches, make_batch, own_steps
 from spinn.model.config import TransitionSource
 from spinn.model.spinn import SPINN, transition_counts
+from spinn.trees.transitions import PAD_TRANSITION
 
 Steps = tuple[int, ...]
 

@@ -19,6 +19,7 @@ from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.parsing.parse import TokenOnly
 from spinn.parsing.parser import SentenceParser
+from spinn.parsing.protocol import Parser
 
 
 class Labeller:
@@ -36,7 +37,7 @@ class Labeller:
         self.parser_name = resolve_parser(settings.parser, self.loaded)
         self.source = TransitionSource.GREEDY if self.parser_name == PARSER_MODEL else TransitionSource.GOLD
         self.step = InferStep(self.loaded.model, self.source)
-        self.parser = (
+        self.parser: Parser = (
             SentenceParser(settings.parsing)
             if self.parser_name == PARSER_STANZA
             else TokenOnly(settings.parsing.max_tokens)

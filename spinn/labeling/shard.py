@@ -12,12 +12,11 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.data.rejects import Reject
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count
@@ -28,8 +27,9 @@ from spinn.labeling.progress import LabelProgress, ShardShare
 from spinn.labeling.settings import OUTPUT_SCHEMA, PROBABILITY_COLUMNS, TOKENS_KEY, UNKNOWN_TOKENS_KEY
 from spinn.labeling.shards import ShardPlan, read_lines, shard_rows, write_jsonl
 from spinn.labeling.summary import ShardResult
+from spinn.parsing.cpu import torch_threads
 from spinn.parsing.parse import SENTENCES
-from spinn.parsing.parser import Parsed, Unparsed, torch_threads
+from spinn.parsing.protocol import Parsed, PendingParse, Unparsed
 from spinn.trees.transitions import transitions_to_tree
 from spinn.trees.tree import format_binary
 
@@ -39,7 +39,7 @@ class ShardParse:
     """A shard's pairs and the parse of their sentences, started (`start_parse`) and maybe still running."""
 
     pairs: list[dict]
-    pending: Any  # SentenceParser.submit's PendingParses, or TokenOnly's finished twin
+    pending: PendingParse
     share: ShardShare
 
 

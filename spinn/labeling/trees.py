@@ -14,7 +14,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
 from spinn.errors import SpinnError
 from spinn.inference.predict import predict

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.data.vocab import PAD_ID
 from spinn.errors import SpinnError
 from spinn.model.addressing import StepPlan, gold_plan

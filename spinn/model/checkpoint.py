@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import torch
 
@@ -22,20 +23,82 @@ from spinn.io import atomic_path
 
 CHECKPOINT_FORMAT = "spinn.checkpoint"
 CHECKPOINT_VERSION = 1
-REQUIRED_KEYS = ("format", "version", "model_state", "model_config", "vocab", "step")
+REQUIRED_FIELDS = ("model_state", "model_config", "vocab", "step")
+"""The fields without a default: what loading a model needs."""
 
 
-def save_checkpoint(path: Path, contents: dict[str, Any]) -> Path:
-    """Write `contents` plus the format header atomically: a crash leaves the previous file intact."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """What a checkpoint holds, by name: the fields a model needs first, then what resuming training needs.
+
+    Configs, the training state and the scores stay plain dicts (their types live in layers above the model);
+    a model-only checkpoint leaves the training fields None. The file is `to_dict()`: the same self-describing
+    dict as ever, so every checkpoint written before this record (release 0.1.0's too) still reads."""
+
+    model_state: dict[str, torch.Tensor]
+    model_config: dict[str, Any]
+    vocab: dict[str, Any]  # Vocabulary.to_json()
+    step: int
+    optimizer_state: dict[str, Any] | None = None
+    train_config: dict[str, Any] | None = None
+    state: dict[str, Any] | None = None  # the training loop's TrainState, as a dict
+    rng: dict[str, Any] | None = None  # rank 0's random states (release 0.1.0 had only these)
+    rng_ranks: list[dict[str, Any]] | None = None  # every rank's random states
+    data: dict[str, str] | None = None  # the data's digests, as logged to MLflow
+    metrics: dict[str, Any] | None = None  # dev scores of the step saved, when it was evaluated
+
+    def to_dict(self) -> dict[str, Any]:
+        """The file's contents: the format header, then every field (only plain data: weights_only loads it)."""
+        return {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **_field_values(self)}
+
+    @classmethod
+    def from_dict(cls, contents: Any, source: Path | str) -> Self:
+        """Check the header and the model's fields, naming what is wrong; keys no field names (0.1.0's
+        scheduler_state) are left behind."""
+        if not isinstance(contents, dict) or contents.get("format") != CHECKPOINT_FORMAT:
+            raise SpinnError(f"{source}: not a spinn checkpoint (no '{CHECKPOINT_FORMAT}' header)")
+        if contents.get("version") != CHECKPOINT_VERSION:
+            raise SpinnError(f"{source}: checkpoint version {contents.get('version')}, expected {CHECKPOINT_VERSION}")
+        missing = [name for name in REQUIRED_FIELDS if name not in contents]
+        if missing:
+            raise SpinnError(f"{source}: checkpoint lacks {', '.join(missing)}")
+        return cls(**{field.name: contents[field.name] for field in fields(cls) if field.name in contents})
+
+    @property
+    def run_id(self) -> str | None:
+        """The MLflow run that trained it, when it was tracked."""
+        return (self.state or {}).get("run_id")
+
+    @property
+    def tokens(self) -> list[str]:
+        """The vocabulary's words, by id."""
+        return list(self.vocab["tokens"])
+
+    def rng_by_rank(self) -> list[dict[str, Any]]:
+        """Every saving rank's random states, rank 0 first (a checkpoint from before rng_ranks: rank 0's)."""
+        if self.rng_ranks:
+            return self.rng_ranks
+        if self.rng is None:
+            raise SpinnError("checkpoint has no random states: it cannot resume training")
+        return [self.rng]
+
+
+def _field_values(record: Checkpoint) -> dict[str, Any]:
+    """The fields as they are: dataclasses.asdict would deep-copy every weight tensor."""
+    return {field.name: getattr(record, field.name) for field in fields(record)}
+
+
+def save_checkpoint(path: Path, checkpoint: Checkpoint) -> Path:
+    """Write the checkpoint atomically: a crash leaves the previous file intact."""
     path = Path(path)
     with atomic_path(path) as temporary, temporary.open("wb") as stream:
         # A Python file, not a path: torch then reports a full disk as the OSError it is, where its own
         # writer says only "unexpected pos".
-        torch.save({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, **contents}, stream)
+        torch.save(checkpoint.to_dict(), stream)
     return path
 
 
-def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read a checkpoint safely (weights_only) and check it is one of ours, naming what is wrong."""
     path = Path(path)
     if not path.is_file():
@@ -45,20 +108,13 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> dic
     except Exception as error:  # torch raises many types for unreadable or unsafe files
         first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SpinnError(f"{path}: not a readable spinn checkpoint ({first_line})") from None
-    if not isinstance(contents, dict) or contents.get("format") != CHECKPOINT_FORMAT:
-        raise SpinnError(f"{path}: not a spinn checkpoint (no '{CHECKPOINT_FORMAT}' header)")
-    if contents.get("version") != CHECKPOINT_VERSION:
-        raise SpinnError(f"{path}: checkpoint version {contents.get('version')}, expected {CHECKPOINT_VERSION}")
-    missing = [key for key in REQUIRED_KEYS if key not in contents]
-    if missing:
-        raise SpinnError(f"{path}: checkpoint lacks {', '.join(missing)}")
-    return contents
+    return Checkpoint.from_dict(contents, path)
 
 
-def check_vocabulary(contents: dict[str, Any], tokens: Sequence[str], path: Path, other: str) -> None:
+def check_vocabulary(checkpoint: Checkpoint, tokens: Sequence[str], path: Path, other: str) -> None:
     """Refuse to pair a checkpoint with data encoded by another vocabulary: ids would mean other words."""
-    saved = contents["vocab"]["tokens"]
-    if list(saved) != list(tokens):
+    saved = checkpoint.tokens
+    if saved != list(tokens):
         first = next(
             (i for i, (a, b) in enumerate(zip(saved, tokens, strict=False)) if a != b), min(len(saved), len(tokens))
         )

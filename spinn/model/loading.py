@@ -15,7 +15,7 @@ import torch
 
 from spinn.data.vocab import Vocabulary
 from spinn.errors import SpinnError
-from spinn.model.checkpoint import load_checkpoint
+from spinn.model.checkpoint import Checkpoint, load_checkpoint
 from spinn.model.config import SPINNConfig
 from spinn.model.spinn import SPINN
 
@@ -25,7 +25,7 @@ class LoadedModel:
     model: SPINN
     vocabulary: Vocabulary
     checkpoint: Path
-    contents: dict
+    saved: Checkpoint  # what the file holds beside the weights: configs, training state, scores
 
 
 def resolve_device(device: str) -> torch.device:
@@ -45,12 +45,12 @@ def load_model(reference: str | Path, device: torch.device, workdir: Path | None
         checkpoint = download_checkpoint(str(reference), Path(workdir or tempfile.mkdtemp(prefix="spinn-model-")))
     else:
         checkpoint = Path(reference)
-    contents = load_checkpoint(checkpoint)
-    config = SPINNConfig.from_dict(contents["model_config"])
-    vocabulary = Vocabulary.from_json(contents["vocab"], str(checkpoint))
+    saved = load_checkpoint(checkpoint)
+    config = SPINNConfig.from_dict(saved.model_config)
+    vocabulary = Vocabulary.from_json(saved.vocab, str(checkpoint))
     model = SPINN(config, torch.zeros(len(vocabulary), config.d_embed))
     try:
-        model.load_state_dict(contents["model_state"])
+        model.load_state_dict(saved.model_state)
     except RuntimeError as error:
         raise SpinnError(f"{checkpoint}: weights do not fit the model config ({str(error).splitlines()[0]})") from None
-    return LoadedModel(model.to(device).eval(), vocabulary, checkpoint, contents)
+    return LoadedModel(model.to(device).eval(), vocabulary, checkpoint, saved)

@@ -1,1 +1,1 @@
-"""Constituency parses for raw text: the one door to Stanza, and the parse stage."""
+"""Constituency parses for raw text: the `Parser` protocol, Stanza behind its one door, and the parse stage."""

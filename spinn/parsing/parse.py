@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -25,7 +25,9 @@ from spinn.data.rejects import Reject, RejectReason
 from spinn.data.schema import pair_schema
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
 from spinn.io import atomic_paths
-from spinn.parsing.parser import Parsed, ParserSettings, SentenceParser, Unparsed
+from spinn.parsing.parser import SentenceParser
+from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed
+from spinn.parsing.settings import ParserSettings
 from spinn.settings import Settings
 from spinn.trees.tokenize import tokenize
 
@@ -37,7 +39,7 @@ SENTENCES = ("premise", "hypothesis")
 
 @dataclass(frozen=True)
 class Tokenized:
-    """TokenOnly's finished `submit`: the same `result()`, `seconds` and `to_parse` as a PendingParses."""
+    """TokenOnly's finished `submit`: a `PendingParse` that is ready at once."""
 
     results: dict[str, Parsed | Unparsed]
     seconds: float
@@ -55,7 +57,7 @@ class Tokenized:
 
 
 class TokenOnly:
-    """The no-parser stand-in for SentenceParser: SNLI's tokens (spinn.trees.tokenize) and no tree.
+    """The `Parser` without a parser: SNLI's tokens (spinn.trees.tokenize) and no tree.
 
     For models that build their own trees (rl, or spinn on predicted
     transitions): pairs are stored with empty transition lists.
@@ -70,7 +72,7 @@ class TokenOnly:
     def parse(self, sentences: Iterable[str]) -> dict[str, Parsed | Unparsed]:
         return {text: self._tokens(text) for text in sentences}
 
-    def submit(self, sentences: Iterable[str], progress: Callable[[int], None] | None = None) -> Tokenized:
+    def submit(self, sentences: Iterable[str], progress: Progress | None = None) -> Tokenized:
         """SentenceParser.submit's twin: tokenizing is quick, so the result is ready at once."""
         started = time.perf_counter()
         results = self.parse(sentences)
@@ -109,7 +111,7 @@ def parse_pairs(
     settings: ParseSettings | None = None,
     *,
     split: str | None = None,
-    parser: SentenceParser | None = None,
+    parser: Parser | None = None,
 ) -> PrepareSummary:
     """Parse, binarize and write `<split>.parquet` and `<split>.rejects.jsonl` under output_dir.
 
@@ -123,7 +125,7 @@ def parse_pairs(
     )
     own_parser = parser is None
     parsing = settings.parsing
-    parser = parser or (TokenOnly(parsing.max_tokens) if trees == TREES_NONE else SentenceParser(parsing))
+    parser = parser or _own_parser(trees, parsing)
     try:
         output_dir.mkdir(parents=True, exist_ok=True)
         with (
@@ -144,13 +146,18 @@ def parse_pairs(
     return summary
 
 
+def _own_parser(trees: str, parsing: ParserSettings) -> Parser:
+    """The parser a call without one gets: Stanza, or tokens only for trees="none"."""
+    return TokenOnly(parsing.max_tokens) if trees == TREES_NONE else SentenceParser(parsing)
+
+
 def _chunks(items: Iterator[InputPair | Reject]) -> Iterator[list[InputPair | Reject]]:
     while chunk := list(islice(items, CHUNK_PAIRS)):
         yield chunk
 
 
 def _parse_chunk(
-    chunk: list[InputPair | Reject], parser: SentenceParser, source: str, summary: PrepareSummary, rejects
+    chunk: list[InputPair | Reject], parser: Parser, source: str, summary: PrepareSummary, rejects
 ) -> pa.Table:
     """Parse the chunk's distinct sentences; return its good pairs as a table, log the rest as rejects."""
     pairs = [item for item in chunk if isinstance(item, InputPair)]

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.errors import SpinnError
 from spinn.model.batch import WIDTH_STEP, Batch, make_batch
 

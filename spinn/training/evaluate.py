@@ -23,14 +23,15 @@ import torch
 from pydantic import Field
 from tqdm import tqdm
 
-from spinn.data.pairs import Example, encode_pairs, read_raw_pairs
+from spinn.data.example import Example
+from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError
 from spinn.inference.predict import Predictions, predict
 from spinn.inference.step import InferStep
 from spinn.io import atomic_path, write_json
-from spinn.model.checkpoint import check_vocabulary
+from spinn.model.checkpoint import Checkpoint, check_vocabulary
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
 from spinn.model.spinn import SPINN
@@ -141,7 +142,7 @@ def evaluate(
     settings = settings or EvaluateSettings()
     loaded = load_model(model_reference, resolve_device(settings.device))
     if vocab is not None:
-        check_vocabulary(loaded.contents, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
+        check_vocabulary(loaded.saved, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
     source = transition_source(settings.transitions, loaded.model.config)
     examples = read_examples(data, loaded.vocabulary)
     found = predict_examples(
@@ -169,7 +170,7 @@ def evaluate(
         write_predictions(found, Path(predictions))
     if settings.track:
         files = [Path(output), report_path(Path(output)), *([Path(plot)] if plot is not None else [])]
-        _log_to_training_run(loaded.contents, loaded.checkpoint, split_name(Path(data)), metrics, files)
+        _log_to_training_run(loaded.saved, loaded.checkpoint, split_name(Path(data)), metrics, files)
     return metrics
 
 
@@ -194,19 +195,19 @@ def split_name(data: Path) -> str:
     return Path(data).name.removesuffix(".parquet")
 
 
-def _log_to_training_run(contents: dict, checkpoint: Path, split: str, metrics: Metrics, files: list[Path]) -> None:
+def _log_to_training_run(saved: Checkpoint, checkpoint: Path, split: str, metrics: Metrics, files: list[Path]) -> None:
     """The scores as the training run's metrics, the report and plot as its artifacts (under `<split>/`), and
     the scores as tags of the versions registered from this checkpoint."""
     from spinn.tracking import store as tracking
     from spinn.tracking.register import score_tags, tag_versions_of_checkpoint
 
-    run_id = (contents.get("state") or {}).get("run_id")
+    run_id = saved.run_id
     if run_id is None or not tracking.log_run_artifacts(run_id, files, split):
         return
     values = {f"{split}_accuracy": metrics.accuracy, f"{split}_macro_f1": metrics.macro_f1}
     if metrics.transition_accuracy is not None:
         values[f"{split}_transition_accuracy"] = metrics.transition_accuracy
-    tracking.log_run_metrics(run_id, values, step=contents.get("step", 0))
+    tracking.log_run_metrics(run_id, values, step=saved.step)
     tag_versions_of_checkpoint(
         run_id, checkpoint, score_tags(split, {"accuracy": metrics.accuracy, "macro_f1": metrics.macro_f1})
     )

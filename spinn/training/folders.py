@@ -9,6 +9,13 @@ point at; the same run again finds its own folder, which is what `--resume`
 continues and what a cached pipeline stage still finds. The registry
 (`models:/spinn@champion`) stays the stable name for "the model to use";
 DVC's stages keep their declared `--output-dir`.
+
+An output folder holds one run. A run holds the folder's lock while it works
+(a second run there is refused, naming it) and records its MLflow run id in
+it; a new run refuses a folder that holds an earlier run's checkpoints
+unless told to `resume` or `overwrite` it, and marks the previous holder's
+MLflow run KILLED when that one died still RUNNING (before its first
+checkpoint, say), since nothing else ever would.
 """
 
 from __future__ import annotations
@@ -17,7 +24,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from spinn.io import file_digest
+from spinn.errors import SpinnError
+from spinn.io import FolderLock, file_digest, tidy_folder
 from spinn.training.config import TrainConfig
 
 RUNS_DIR = Path("data/runs")
@@ -25,6 +33,13 @@ RUNS_DIR = Path("data/runs")
 BOOKKEEPING = ("experiment", "registered_model", "alias", "threads")
 """Settings that name where a run is recorded or how many threads it may use, not what it trains."""
 DIGEST_CHARS = 10
+LAST_CHECKPOINT = "last.pt"
+BEST_CHECKPOINT = "best.pt"
+REPORT_NAME = "report.json"
+RUN_FILES = (LAST_CHECKPOINT, BEST_CHECKPOINT, REPORT_NAME)
+"""What a run leaves in its output folder; `overwrite` removes them before a new run starts."""
+MLFLOW_RUN_FACT = "mlflow_run_id"
+"""The fact a run records in its folder's lock, so the next run there can close it if it died."""
 
 
 def run_folder(root: Path, config: TrainConfig, train: Path, dev: Path, vocab: Path | None = None) -> Path:
@@ -36,3 +51,30 @@ def run_folder(root: Path, config: TrainConfig, train: Path, dev: Path, vocab: P
     key = json.dumps({"settings": settings, "inputs": inputs}, sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
     return Path(root) / f"{config.model.variant}-{Path(train).stem}-{digest}"
+
+
+def check_folder(output_dir: Path, told: bool, tracking) -> None:
+    """Before any work: tidy what killed runs left, refuse an earlier run's folder unless `told` (to resume
+    or overwrite it), and refuse an MLflow store we could not write to."""
+    tidy_folder(output_dir)
+    found = [name for name in (LAST_CHECKPOINT, BEST_CHECKPOINT) if (output_dir / name).exists()]
+    if found and not told:  # a new run would replace them, however much better the earlier run was
+        raise SpinnError(
+            f"{output_dir}: holds {', '.join(found)} of an earlier run",
+            fix=(("resume", "overwrite"), "continue it with {}, replace it with {}, or choose another output folder"),
+        )
+    tracking.check_writable()
+
+
+def clear_run_files(output_dir: Path) -> None:
+    """Remove an earlier run's files before a run that overwrites it starts."""
+    for name in RUN_FILES:
+        (output_dir / name).unlink(missing_ok=True)
+
+
+def close_abandoned_run(lock: FolderLock, resuming: str | None, tracking) -> None:
+    """Mark the folder's previous MLflow run KILLED if it is still RUNNING: we hold the folder's lock, so
+    its process is gone. A run being resumed is left to go on."""
+    previous = lock.previous.get(MLFLOW_RUN_FACT)
+    if previous is not None and previous != resuming:
+        tracking.end_abandoned_run(previous)

@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from spinn.data.pairs import Example
+from spinn.data.example import Example
 from spinn.inference.graphs import batch_tensors
 from spinn.model.batch import Batch
 from spinn.training.distributed import SINGLE, Topology, make_share

@@ -1,4 +1,4 @@
-"""How often our binarizer reproduces a corpus's own binary parses.
+"""`spinn check-binarization`: how often our binarizer reproduces a corpus's own binary parses.
 
 SNLI ships both the n-ary parse and the binary parse made from it, so the
 corpus itself is the test of `spinn.trees.binarize`: binarize every n-ary parse and

@@ -1,0 +1,100 @@
+"""How Stanza runs and where its parses are cached (`ParserSettings`), and the autos decided for this machine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from spinn.errors import SpinnError
+from spinn.settings import AUTO, Device, Settings, count_or_auto, env_default, usable_cores
+
+DEFAULT_CACHE_PATH = Path("data/parse_cache/parses.sqlite")
+RESOURCES_FILE = "resources.json"  # what makes a folder a stanza_resources folder
+CPU_BATCH_SIZE = 256
+"""Parse batch auto on the CPU: 1,333 SNLI sentences took 11.7 s in batches of 64, 11.7 s of 1,024, 11.1 s
+of 5,000 (one thread, 2-core EPYC): the size hardly matters there, and smaller batches balance workers."""
+GPU_BATCH_SIZE = 1024
+"""Parse batch auto on the GPU: 8,000 SNLI test pairs took 76 s in batches of 1,024 against 83 s of 256
+(one H100, issue 17)."""
+
+WorkerCount = count_or_auto("processes")
+SentenceCount = count_or_auto("sentences")
+
+
+class ParserSettings(Settings):
+    """How Stanza runs, and where its parses are cached."""
+
+    stanza_dir: Path | None = Field(
+        default_factory=env_default("SPINN_STANZA_DIR"),
+        validate_default=True,
+        json_schema_extra={"cli": "--stanza-dir"},
+    )
+    """A local stanza_resources folder, used offline (default: Stanza's own models under
+    STANZA_RESOURCES_DIR, downloaded when missing)."""
+    language: str = Field("en", json_schema_extra={"cli": "--parser-language"})
+    """Stanza's language code."""
+    batch_size: SentenceCount = Field(AUTO, json_schema_extra={"cli": "--parse-batch-size"})
+    """Sentences per Stanza batch; auto: 256 on the CPU (no size was faster there), 1024 on the GPU."""
+    device: Device = Field("auto", json_schema_extra={"cli": "--parser-device"})
+    """Where Stanza runs; auto: the GPU when there is one."""
+    max_tokens: int = Field(100, ge=1, json_schema_extra={"cli": "--max-tokens"})
+    """Longer sentences are rejected (too_long)."""
+    cache_path: Path | None = Field(DEFAULT_CACHE_PATH, json_schema_extra={"cli": "--parse-cache"})
+    """Parses cached by sentence and parser model (none: no cache; the CLI's --no-parse-cache)."""
+    workers: WorkerCount = Field(AUTO, json_schema_extra={"cli": "--workers"})
+    """Parser processes: 1 parses in this process; more start that many worker processes (trees do not depend
+    on it); auto: one per core this process may use when Stanza runs on the CPU, 1 on the GPU."""
+    threads: int = Field(1, ge=1, json_schema_extra={"cli": "--parser-threads"})
+    """torch threads per parser process: Stanza's small models gain nothing from more, and lose much when
+    processes share cores."""
+    pretokenized: bool = Field(False, json_schema_extra={"cli": "--pretokenized/--raw-text"})
+    """The sentences are already tokenized, tokens separated by spaces: Stanza's tokenizer is skipped (faster).
+    Leave off for raw text, which Stanza tokenizes."""
+
+
+DEFAULT_SETTINGS = ParserSettings()
+
+
+def check_settings(settings: ParserSettings) -> None:
+    """A Stanza folder given must be one: said before anything loads."""
+    folder = settings.stanza_dir
+    if folder is not None and not Path(folder).is_dir():
+        raise SpinnError(f"Stanza model folder {folder} does not exist")
+    if folder is not None and not (Path(folder) / RESOURCES_FILE).is_file():
+        raise SpinnError(f"Stanza model folder {folder} has no {RESOURCES_FILE}: not a stanza_resources folder")
+
+
+def decided(settings: ParserSettings) -> ParserSettings:
+    """The settings with every auto decided for this machine: what a parser with them runs."""
+    return decided_for(settings, resolve_gpu(settings.device))
+
+
+def decided_for(settings: ParserSettings, use_gpu: bool) -> ParserSettings:
+    """The autos decided for Stanza on the GPU (use_gpu) or on the CPU."""
+    batch_size = settings.batch_size
+    if batch_size == AUTO:
+        batch_size = GPU_BATCH_SIZE if use_gpu else CPU_BATCH_SIZE
+    return settings.replace(workers=resolve_workers(settings.workers, use_gpu), batch_size=batch_size)
+
+
+def resolve_workers(workers: int | str, use_gpu: bool) -> int:
+    """auto: one process per core this process may use on the CPU; one on the GPU, which a single Stanza
+    process already shares with the model."""
+    if workers != AUTO:
+        return int(workers)
+    if use_gpu:
+        return 1
+    return usable_cores()
+
+
+def resolve_gpu(device: str) -> bool:
+    """True when Stanza should run on CUDA: asked for, or `auto` with a GPU present."""
+    import torch
+
+    if device == "cpu":  # asks nothing of CUDA: a worker forked from a process that uses the GPU must not
+        return False
+    available = torch.cuda.is_available()
+    if device == "cuda" and not available:
+        raise SpinnError("device 'cuda' was requested but torch sees no CUDA GPU; use device 'cpu' or 'auto'")
+    return available and device != "cpu"

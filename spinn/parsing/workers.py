@@ -1,0 +1,91 @@
+"""Parser worker processes: a pool that parses batches of sentences while the caller goes on.
+
+How workers start decides whether they pay on small inputs: a spawned worker
+imports torch and Stanza and loads the models (about 5 s on the 2-core test
+machine, as long as parsing 400 sentences), so on Linux with the parser on
+the CPU the caller loads Stanza once and forks the workers, which share the
+loaded models and start at once. A parser on the GPU, or in a process that
+runs other threads (a Prefect or Dask worker), spawns them instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any
+
+from spinn.parsing.cpu import freeze_for_life, gc_frozen
+from spinn.parsing.protocol import Parsed, Unparsed
+from spinn.parsing.settings import ParserSettings, resolve_gpu
+from spinn.parsing.stanza_pipeline import StanzaRunner
+
+PARENT_POLL_S = 0.5  # how often a parser worker checks that its parent still runs
+FORK_PLATFORM = "linux"  # fork is unsafe with macOS system libraries and absent on Windows
+
+_WORKER: StanzaRunner | None = None
+"""A worker process's own Stanza: no cache (the parent keeps it), one process's worth of threads."""
+
+
+def can_fork(use_gpu: bool) -> bool:
+    """Whether workers may be forked from this process: Linux, Stanza on the CPU (a forked child cannot use
+    the parent's CUDA state), and no other thread running (a child gets only the forking thread, and any lock
+    another thread held stays locked in it: a Prefect or Dask worker process spawns instead)."""
+    import multiprocessing
+
+    return (
+        sys.platform.startswith(FORK_PLATFORM)
+        and not use_gpu
+        and threading.active_count() == 1
+        and "fork" in multiprocessing.get_all_start_methods()
+    )
+
+
+def start_pool(settings: ParserSettings, pipeline: Any) -> ProcessPoolExecutor:
+    """`workers` processes, started now so they are ready when the batches come. Given the `pipeline` this
+    process loaded, they are forked: they share its models (copy-on-write, inherited, nothing pickled) and
+    parse at once, and are told the CPU so they never ask CUDA anything. Without it they are spawned (a fresh
+    interpreter: no forked torch or CUDA state) and each loads Stanza itself."""
+    import multiprocessing
+
+    forked = pipeline is not None
+    own = settings.replace(workers=1, cache_path=None, device="cpu" if forked else settings.device)
+    pool = ProcessPoolExecutor(
+        settings.workers,
+        mp_context=multiprocessing.get_context("fork" if forked else "spawn"),
+        initializer=_adopt_worker,
+        initargs=(own, os.getpid(), pipeline),  # a worker's parser: no cache (this process keeps it)
+    )
+    with gc_frozen():  # forked children are made here, and stay frozen
+        for _ in range(settings.workers):
+            pool.submit(time.sleep, 0)
+    return pool
+
+
+def _adopt_worker(settings: ParserSettings, parent: int, pipeline: Any) -> None:
+    """Make this process a worker: its own Stanza, with `pipeline` when it came loaded from the parent (fork),
+    else loading Stanza now (spawn)."""
+    import torch
+
+    global _WORKER
+    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="exit-with-parent").start()
+    torch.set_num_threads(settings.threads)
+    _WORKER = StanzaRunner(settings, resolve_gpu(settings.device), pipeline)
+    _WORKER.loaded()
+    freeze_for_life()
+
+
+def _exit_with(parent: int) -> None:
+    """End this worker once its parent is gone: a killed `spinn label` (kill -9 runs no cleanup) must not
+    leave its workers behind, waiting forever for batches."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(1)
+
+
+def parse_in_worker(texts: list[str]) -> tuple[dict[str, Parsed | Unparsed], float]:
+    """(outcome by text, seconds Stanza ran) for one batch, in a worker process."""
+    assert _WORKER is not None, "the pool's initializer loads the worker's Stanza"
+    return _WORKER.parse_batch(texts)

@@ -1,0 +1,205 @@
+"""What a training run publishes: its MLflow params and datasets, the best model's files and report,
+the registered version, and the DVC metrics and curves.
+
+Rank 0 alone publishes; MLflow is reached through spinn.tracking.store, passed
+in as `tracking`, or imported here only when the metrics files are written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import secrets
+import tempfile
+import time
+from pathlib import Path
+
+from spinn.data.vocab import VOCAB_FILENAME
+from spinn.io import atomic_path, write_json
+from spinn.model.checkpoint import load_checkpoint
+from spinn.tracking.register import SELECTION_METRIC
+from spinn.training import distributed
+from spinn.training.build import TrainingRun
+from spinn.training.checkpoints import save_run
+from spinn.training.config import TrainConfig
+from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT, REPORT_NAME
+from spinn.training.loop import evaluate_dev
+from spinn.training.metrics import Metrics, plot_confusion
+from spinn.training.state import TrainResult, TrainState
+
+TRAIN_METRICS_NAME = "train.json"
+TRAIN_CURVE_NAME = "train_curve.csv"
+DEV_CURVE_NAME = "dev_curve.csv"
+TRAIN_CURVE_KEYS = ["train_loss", "train_accuracy"]
+DEV_CURVE_KEYS = ["dev_accuracy", "dev_transition_accuracy", "dev_bracket_f1"]
+DEV_ARTIFACT_DIR = "dev"
+"""Where the run's artifacts keep the best model's dev scores and confusion matrix."""
+
+
+def data_name(path: Path) -> str:
+    """What a prepared split was made from, for names people read: `snli_1.0_train` for the Parquet file
+    prepared from `snli_1.0.zip:snli_1.0_train.jsonl`; the file's own name when it does not say."""
+    import pyarrow.parquet as pq
+
+    from spinn.data.schema import META_SOURCE
+
+    try:
+        source = (pq.read_schema(path).metadata or {}).get(META_SOURCE, b"").decode()
+    except (OSError, ValueError):
+        source = ""
+    name = Path(source.rpartition(":")[2] or path.name).name
+    for suffix in (".gz", ".jsonl", ".txt", ".csv", ".tsv", ".parquet"):
+        name = name.removesuffix(suffix)
+    return name or path.stem
+
+
+def default_run_name(config: TrainConfig, train_path: Path) -> str:
+    """`pi snli_1.0_train 2026-11-23 16:20:05 3f2a`: the variant, the data, the start time and four hex
+    digits from the OS (never the seeded generator, which made every MLflow name the same), so runs
+    differ in MLflow's table and compare view, even two started in the same second."""
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    return f"{config.model.variant} {data_name(train_path)} {started} {secrets.token_hex(2)}"
+
+
+def log_run_start(run: TrainingRun, tracking) -> None:
+    """Once, when a run starts: every setting and the data digests as params, tags, and the datasets."""
+    tracking.log_params(
+        {
+            **run.config.flat(),
+            **{f"data.{key}": value for key, value in run.data_hashes.items()},
+            "data.train_pairs": len(run.train),
+            "data.dev_pairs": len(run.dev),
+            "vocab_size": len(run.vocabulary),
+            "device": str(run.device),
+            "world_size": run.topology.world,
+            "backend": distributed.backend() or "none",
+        }
+    )
+    tracking.set_tags(
+        {"variant": run.config.model.variant, "git_commit": tracking.git_commit(), "spinn.stage": "train"}
+    )
+    for context, path, digest in (
+        ("training", run.train_path, run.data_hashes["train_sha256"]),
+        ("validation", run.dev_path, run.data_hashes["dev_sha256"]),
+    ):
+        tracking.log_dataset(path, data_name(path), digest, context)
+
+
+def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> TrainResult:
+    """Make sure the best model is evaluated, then log artifacts and register it (once per best model)."""
+    if state.last_eval_step != state.step:
+        evaluate_dev(run, state, tracking)
+    best = load_checkpoint(run.output_dir / BEST_CHECKPOINT)
+    pairs_per_second = state.train_pairs / state.train_seconds if state.train_seconds else 0.0
+    tracking.log_metrics({SELECTION_METRIC: state.best_dev_accuracy}, state.step)  # what registration compares
+    tracking.set_tags(  # one value per run, read in the run's overview and table, not drawn as one-point charts
+        {
+            "best_step": str(state.best_step),
+            "steps": str(state.step),
+            "mean_pairs_per_second": f"{pairs_per_second:.1f}",
+            "train_seconds": f"{state.train_seconds:.1f}",
+        }
+    )
+    report = {
+        "run_id": state.run_id,
+        "steps": state.step,
+        "best_step": state.best_step,
+        "best_dev_accuracy": state.best_dev_accuracy,
+        "dev": best.metrics,
+        "train_seconds": state.train_seconds,
+        "pairs_per_second": pairs_per_second,
+        "config": run.config.to_dict(),
+        "data": run.data_hashes,
+    }
+    if register and state.registered_best_step == state.best_step:
+        version, promoted = state.model_version, False  # resuming a finished run: this model is registered
+    else:
+        version, promoted = _publish(run, state, report, tracking, register)
+        if version is not None:
+            state.model_version, state.registered_best_step = version, state.best_step
+    save_run(run, state, run.output_dir / LAST_CHECKPOINT)
+    return TrainResult(
+        state.run_id,
+        state.step,
+        state.best_step,
+        state.best_dev_accuracy,
+        run.output_dir / BEST_CHECKPOINT,
+        run.output_dir / LAST_CHECKPOINT,
+        version,
+        promoted,
+        state.train_seconds,
+        pairs_per_second,
+        best.metrics or {},
+    )
+
+
+def _publish(run: TrainingRun, state: TrainState, report: dict, tracking, register: bool) -> tuple[str | None, bool]:
+    """Log the model folder (checkpoint, vocab, config) and the report; register; move the alias if better."""
+    from spinn.tracking.register import register_model, version_description
+
+    config = run.config
+    best = run.output_dir / BEST_CHECKPOINT
+    with tempfile.TemporaryDirectory(prefix="spinn-publish-") as folder:
+        folder = Path(folder)
+        checkpoint = folder / tracking.CHECKPOINT_NAME
+        checkpoint.write_bytes(best.read_bytes())
+        run.vocabulary.save(folder / VOCAB_FILENAME)
+        (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
+        tracking.log_model_files([checkpoint, folder / VOCAB_FILENAME, folder / "config.json"])
+        tracking.log_run_artifacts(state.run_id, _dev_report(report, folder), DEV_ARTIFACT_DIR)
+        with atomic_path(run.output_dir / REPORT_NAME) as temporary:
+            temporary.write_text(json.dumps(report, indent=2), encoding="utf-8")
+        tracking.log_artifact(run.output_dir / REPORT_NAME)
+    if not register:
+        return None, False
+    registration = register_model(
+        state.run_id,
+        best,
+        state.best_dev_accuracy,
+        name=config.registered_model,
+        alias=config.alias,
+        description=version_description(config.model.variant, state.best_dev_accuracy),
+    )
+    return registration.version, registration.promoted
+
+
+def _dev_report(report: dict, folder: Path) -> list[Path]:
+    """The best model's dev scores as files for the run's artifacts: per-class precision / recall / F1 with
+    the confusion matrix (JSON), and the matrix drawn (PNG)."""
+    if not report["dev"]:
+        return []
+    scores = folder / "dev_scores.json"
+    scores.write_text(json.dumps(report["dev"], indent=2), encoding="utf-8")
+    title = f"{report['config']['model']['variant']} on dev, step {report['best_step']}"
+    return [scores, plot_confusion(Metrics.from_json(report["dev"]), folder / "dev_confusion.png", title=title)]
+
+
+def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, Path, Path]:
+    """`train.json` (DVC metrics) and the train / dev curves read back from MLflow (DVC plots).
+
+    The curves come from the run's metric history, where a resumed run's
+    repeated steps resolve to their latest value, so they match the MLflow UI.
+    """
+    from spinn.tracking import store as tracking
+
+    metrics_dir = Path(metrics_dir)
+    metrics_dir.mkdir(parents=True, exist_ok=True)
+    summary = {  # what selects a model; speed is machine-dependent and lives in the MLflow run
+        "best_dev_accuracy": result.best_dev_accuracy,
+        "best_step": result.best_step,
+        "steps": result.steps,
+    }
+    paths = (metrics_dir / TRAIN_METRICS_NAME, metrics_dir / TRAIN_CURVE_NAME, metrics_dir / DEV_CURVE_NAME)
+    write_json(paths[0], summary)
+    history = tracking.metric_history(result.run_id, [*TRAIN_CURVE_KEYS, *DEV_CURVE_KEYS])
+    _write_curve(paths[1], TRAIN_CURVE_KEYS, history)
+    _write_curve(paths[2], [key for key in DEV_CURVE_KEYS if history[key]], history)
+    return paths
+
+
+def _write_curve(path: Path, keys: list[str], history: dict[str, dict[int, float]]) -> None:
+    steps = sorted(set().union(*(history[key] for key in keys)))
+    with atomic_path(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["step", *keys])
+        writer.writerows([step, *(history[key].get(step, "") for key in keys)] for step in steps)

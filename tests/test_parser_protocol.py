@@ -1,0 +1,46 @@
+"""The Parser protocol: the Stanza parser and the token-only one both implement it (no Stanza loads here)."""
+
+from __future__ import annotations
+
+import inspect
+
+from spinn.data.rejects import RejectReason
+from spinn.parsing.parse import TokenOnly
+from spinn.parsing.parser import SentenceParser
+from spinn.parsing.protocol import Parsed, Parser
+
+
+def test_the_stanza_parser_and_the_token_only_one_both_implement_the_parser_protocol() -> None:
+    """The labeller and the parse stage take either through `Parser`: every member, with the same parameters."""
+    members = {name for name in vars(Parser) if not name.startswith("_")}
+    assert members == {"model_id", "workers", "parse", "submit", "close"}
+    for implementation in (SentenceParser, TokenOnly):
+        for name in members:
+            wanted, found = getattr(Parser, name), getattr(implementation, name)
+            if callable(wanted):
+                assert list(inspect.signature(found).parameters) == list(inspect.signature(wanted).parameters), name
+            else:
+                assert hasattr(implementation, name), name
+    tokens = TokenOnly(max_tokens=4)
+    pending = tokens.submit(["A dog runs .", "", "one two three four five"])
+    assert pending.to_parse == 3 and tokens.model_id == "none" and tokens.workers == 1
+    results = pending.result()
+    assert results["A dog runs ."] == Parsed(["A", "dog", "runs", "."], [], "")
+    assert [results[text].reason for text in ("", "one two three four five")] == [
+        RejectReason.EMPTY_SENTENCE,
+        RejectReason.TOO_LONG,
+    ]
+
+
+def test_both_pending_parses_have_what_the_labeller_reads() -> None:
+    from spinn.parsing.parse import Tokenized
+    from spinn.parsing.parser import PendingParses
+    from spinn.parsing.protocol import PendingParse
+
+    members = {name for name in vars(PendingParse) if not name.startswith("_")} | set(PendingParse.__annotations__)
+    assert members == {"to_parse", "result", "seconds", "seconds_after", "finished_at"}
+    ready = Tokenized({}, 0.5, 0)
+    for name in members - {"to_parse"}:
+        assert hasattr(PendingParses, name) and hasattr(ready, name), name
+    assert "to_parse" in Tokenized.__annotations__
+    assert (ready.seconds_after(0.0), ready.finished_at, ready.result()) == (0.5, 0.0, {})
