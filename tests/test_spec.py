@@ -130,5 +130,5 @@ def test_draws_without_sampling_are_refused(dev):
 
 
 def test_a_checkpoint_from_before_the_choice_loads_as_fused():
-    assert "encoder" not in load_checkpoint(RELEASE / "checkpoint.pt")["model_config"]
+    assert "encoder" not in load_checkpoint(RELEASE / "checkpoint.pt").model_config
     assert load_model(RELEASE / "checkpoint.pt", torch.device("cpu")).model.config.encoder == "fused"
