@@ -7,7 +7,7 @@ from typing import Any, get_args
 
 import click
 
-from spinn.cli.common import PATH, config_option, output_folder
+from spinn.cli.common import PATH, config_option, input_file, output_folder
 from spinn.data.download import CorpusName, DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
@@ -39,7 +39,7 @@ def download(corpus: str | None, raw_dir: Path, no_extract: bool, config_path: P
 
 
 @click.command()
-@click.argument("input_path", metavar="INPUT", type=PATH)
+@click.argument("input_path", metavar="INPUT", type=PATH, callback=input_file)
 @click.option(
     "--output-dir", type=PATH, help="Folder for <split>.parquet and <split>.rejects.jsonl.  [default: data/prepared]"
 )
@@ -72,7 +72,7 @@ def prepare(
 
 
 @click.command()
-@click.argument("train", type=PATH)
+@click.argument("train", type=PATH, callback=input_file)
 @click.option("--output", type=PATH, help="Where to write (default: vocab.json beside TRAIN).")
 @config_option("vocab")
 @field_options(VocabSettings)
@@ -92,6 +92,7 @@ def vocab(train: Path, output: Path | None, config_path: Path | None, **options:
     type=PATH,
     default=Path("data/prepared/vocab.json"),
     show_default=True,
+    callback=input_file,
     help="The vocabulary to align the vectors to.",
 )
 @click.option(
@@ -117,7 +118,7 @@ def embeddings(vocab_path: Path, cache_dir: Path, config_path: Path | None, **op
 
 
 @click.command("check-binarization")
-@click.argument("input_path", metavar="FILE", type=PATH)
+@click.argument("input_path", metavar="FILE", type=PATH, callback=input_file)
 @click.option("--member", help="File inside a zip FILE.")
 @click.option("--show", type=click.IntRange(min=0), default=5, show_default=True, help="Mismatches to print.")
 def check_binarization(input_path: Path, member: str | None, show: int) -> None:
