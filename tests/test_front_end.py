@@ -60,6 +60,27 @@ def params(folder: Path, data: bytes) -> Path:
     return path
 
 
+def rewritten(name: str, data: bytes) -> Arguments:
+    """A mistake in the input itself: `name` rewritten with `data`, no argument added."""
+
+    def write(folder: Path) -> list[str]:
+        (folder / name).write_bytes(data)
+        return []
+
+    return write
+
+
+def parquet_bytes() -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"premise": ["A dog runs."], "hypothesis": ["An animal moves."]}), sink)
+    return sink.getvalue()
+
+
 def bad_config(make: Callable[[Path], Path], expected: str):
     """A case: each --config command given the params file `make` writes."""
     return [
@@ -83,6 +104,15 @@ CASES = [
     ),
     pytest.param("evaluate", lambda d: ["--plot", str(d / "m.pt")], "--plot writes .png", id="evaluate-plot"),
     pytest.param("evaluate", lambda d: ["--output", str(d / "m.csv")], "--output writes .json", id="evaluate-output"),
+    pytest.param(
+        "parse",
+        rewritten("pairs.csv", "premise,hypothesis\nA dog runs.,An animal moves.\n".encode("utf-16")),
+        "is UTF-16 text; save it as UTF-8",
+        id="parse-utf16-csv",
+    ),
+    pytest.param(
+        "parse", rewritten("pairs.csv", parquet_bytes()), "is a Parquet file, not csv", id="parse-parquet-named-csv"
+    ),
     pytest.param("trees", lambda d: ["--html", str(d / "t.txt")], "--html writes .html", id="trees-html"),
 ]
 

@@ -12,6 +12,7 @@ from spinn.data.download import CorpusName, DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
+from spinn.io import publishing
 from spinn.options import field_options, given, renamed_option, resolve
 
 
@@ -109,7 +110,8 @@ def embeddings(vocab_path: Path, cache_dir: Path, config_path: Path | None, **op
     from spinn.data.embeddings import embeddings_stage
 
     settings = resolve(EmbeddingSettings, config_path, given(EmbeddingSettings, options))
-    report = embeddings_stage(vocab_path, settings, cache_dir=cache_dir)
+    with publishing((cache_dir,), inputs=(vocab_path,)):
+        report = embeddings_stage(vocab_path, settings, cache_dir=cache_dir)
     state = "cached already" if report.from_cache else "aligned and cached"
     click.echo(
         f"{report.source}: {report.dim}d vectors for {report.found} of {report.found + report.oov} words "

@@ -30,7 +30,7 @@ from pydantic import Field, field_validator, model_validator
 from tqdm import tqdm
 
 from spinn.errors import SpinnError
-from spinn.io import atomic_path, file_digest
+from spinn.io import atomic_path, file_digest, plain_file_name, publishing, redact
 from spinn.settings import Settings, env_default
 
 DEFAULT_RAW_DIR = Path("data/raw")
@@ -68,7 +68,7 @@ class DownloadError(SpinnError):
 
     def __init__(self, message: str, *, retryable: bool = False, fix: tuple[str, str] | None = None) -> None:
         """Collapse any whitespace run so messages quoting server text stay one line."""
-        super().__init__(" ".join(message.split()), fix=fix)
+        super().__init__(redact(" ".join(message.split())), fix=fix)
         self.retryable = retryable
 
 
@@ -222,10 +222,10 @@ def download_corpus(
         raise DownloadError(f"{corpus.filename}: give a mirror URL or a local file, not both")
     expected = Checksum.parse(checksum) if checksum is not None else corpus.checksum
     raw_dir = Path(raw_dir)
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    archive = raw_dir / (archive or corpus.filename)
-    fetched = ensure_archive(archive, expected, url=url or corpus.url, file=file, progress=progress)
-    members = extract_once(archive, raw_dir, expected) if extract else 0
+    archive = raw_dir / plain_file_name(archive or corpus.filename, "archive")
+    with publishing((archive,), inputs=(file,) if file is not None else ()):
+        fetched = ensure_archive(archive, expected, url=url or corpus.url, file=file, progress=progress)
+        members = extract_once(archive, raw_dir, expected) if extract else 0
     return DownloadResult(archive=archive, extracted_to=raw_dir, fetched=fetched, members=members)
 
 

@@ -43,7 +43,7 @@ from spinn.data.corpus import (
 from spinn.data.rejects import RecordProblem, Reject, RejectReason
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.errors import SpinnError
-from spinn.io import atomic_paths, publish, tidy_folder
+from spinn.io import atomic_paths, publish, publishing, tidy_folder
 from spinn.settings import Settings
 
 DEFAULT_MAX_REJECT_RATIO = 0.01
@@ -56,6 +56,8 @@ CHUNKS_IN_FLIGHT_PER_WORKER = 2
 """Bounded read-ahead, so memory stays flat however large the corpus is."""
 MAX_DEFAULT_WORKERS = 4
 """Past this the single reader/writer process, not parsing, is the bottleneck."""
+PARQUET_SUFFIX, REJECTS_SUFFIX = ".parquet", ".rejects.jsonl"
+"""A prepared split is two files: `<split>.parquet` and `<split>.rejects.jsonl`, published together."""
 _SPLIT_NAME = re.compile(r"(?:^|[_.-])((?:train|dev|test|validation)(?:[_-]\w+)?)$")
 _CORPUS_SUFFIXES = (".gz", ".jsonl", ".json", ".txt", ".tsv")
 
@@ -91,6 +93,21 @@ class PrepareSummary:
         if self.rejected_total:
             lines.append(f"rejects listed in {self.rejects}")
         return lines
+
+
+def prepared_files(folder: Path, split: str) -> tuple[Path, Path]:
+    """The two files of a prepared split: its Parquet file and its rejects file."""
+    return Path(folder) / f"{split}{PARQUET_SUFFIX}", Path(folder) / f"{split}{REJECTS_SUFFIX}"
+
+
+def with_partner(path: Path) -> tuple[Path, ...]:
+    """An input and, when it is one file of a prepared split, the other: a stage reading one must not replace
+    either (the rejects file of a split is part of what its Parquet file means)."""
+    path = Path(path)
+    for suffix in (REJECTS_SUFFIX, PARQUET_SUFFIX):
+        if path.name.endswith(suffix):
+            return (path, *prepared_files(path.parent, path.name.removesuffix(suffix)))
+    return (path,)
 
 
 def infer_split(name: str) -> str:
@@ -198,10 +215,13 @@ def prepare(
     with open_corpus(input_path, member) as (stream, name):
         source = f"{input_path}:{name}" if name != input_path.name else str(input_path)
         split = split or infer_split(name)
-        summary = PrepareSummary(source, split, output_dir / f"{split}.parquet", output_dir / f"{split}.rejects.jsonl")
+        summary = PrepareSummary(source, split, *prepared_files(output_dir, split))
         line_format, lines = corpus_lines(stream, name)
         convert = partial(convert_chunk, line_format=line_format, source=source, trees=trees)
-        with atomic_paths(summary.output, summary.rejects) as (parquet_tmp, rejects_tmp):
+        with (
+            publishing((summary.output, summary.rejects), inputs=with_partner(input_path), names=(split,)),
+            atomic_paths(summary.output, summary.rejects) as (parquet_tmp, rejects_tmp),
+        ):
             results = _run_chunks(convert, _chunks(lines), workers or default_workers())
             _write_results(results, parquet_tmp, rejects_tmp, summary, trees)
             _check_reject_ratio(summary, settings.max_reject_ratio, rejects_tmp)

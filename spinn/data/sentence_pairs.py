@@ -55,6 +55,16 @@ TEXT_FORMATS = ("csv", "tsv", "jsonl")  # the formats that may also come gzipped
 GZIP_SUFFIX = ".gz"
 GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by content, whatever the file's name
 UTF8_BOM = b"\xef\xbb\xbf"
+PARQUET_MAGIC = b"PAR1"
+WIDE_TEXT_BOMS = {
+    b"\xff\xfe\x00\x00": "UTF-32",
+    b"\x00\x00\xfe\xff": "UTF-32",
+    b"\xff\xfe": "UTF-16",
+    b"\xfe\xff": "UTF-16",
+}
+"""Byte order marks of the wide encodings a spreadsheet may save as "Unicode text" (longest first)."""
+SNIFF_BYTES = 4096
+"""How much of a text file is looked at to tell its kind: enough to hold several rows of any export."""
 
 PREMISE_COLUMNS = ("premise", "sentence1")
 HYPOTHESIS_COLUMNS = ("hypothesis", "sentence2")
@@ -157,7 +167,9 @@ def read_input_pairs(
     path, columns = Path(path), columns or Columns()
     if not path.is_file():
         raise SpinnError(f"{path}: no such file")
-    reader = _READERS[detect_format(path, fmt)]
+    detected = detect_format(path, fmt)
+    _check_content(path, detected)
+    reader = _READERS[detected]
     resolved = resolve_columns(reader.available(path), columns, path)
     return _validated(path, resolved, reader.rows(path, resolved))
 
@@ -185,6 +197,26 @@ def _find_column(
             f"the file has {', '.join(map(repr, available)) or 'no columns'}"
         )
     return found
+
+
+def _check_content(path: Path, fmt: str) -> None:
+    """Refuse a file whose bytes are not what its name says: Parquet named .csv, or text in UTF-16 or
+    UTF-32 (a spreadsheet's "Unicode text"), which the text readers would take apart byte by byte and
+    reject row by row, or fail on with csv's unrelated hint about newline modes."""
+    if fmt not in TEXT_FORMATS:
+        return
+    try:
+        with _open_bytes(path) as stream:
+            start = stream.read(SNIFF_BYTES)
+    except _READ_ERRORS as error:
+        raise SpinnError(f"{path}: cannot read: {error}") from None
+    if start.startswith(PARQUET_MAGIC):
+        raise SpinnError(f"{path}: is a Parquet file, not {fmt}; name it .parquet")
+    encoding = next((name for bom, name in WIDE_TEXT_BOMS.items() if start.startswith(bom)), None)
+    if encoding is not None:
+        raise SpinnError(f"{path}: is {encoding} text; save it as UTF-8")
+    if b"\x00" in start:
+        raise SpinnError(f"{path}: holds NUL bytes: UTF-16 or UTF-32 text without a BOM, or no text; save it as UTF-8")
 
 
 # --------------------------------------------------------------------------- validating rows
