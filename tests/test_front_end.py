@@ -1,5 +1,6 @@
-"""Issue 22, class 6: every mistake on a command line or in params.yaml is one `error:` line and exit status 1,
-said before any work, for every command that can make it.
+"""Issue 22, classes 6 and 3: every mistake on a command line or in params.yaml is one `error:` line and exit status 1,
+said before any work, for every command that can make it; a setting that must be finite (every float) and
+is given as inf or NaN is one of them.
 
 The commands run in-process with click's runner on tiny files that exist but are never read: each case fails
 while the command line or its settings are read, so nothing else runs.
@@ -102,6 +103,15 @@ CASES = [
         "must be a number, not true",
         id="train-bool-in-params",
     ),
+    pytest.param("train", lambda d: ["--learning-rate", "inf"], "finite number", id="train-inf-option"),
+    pytest.param("train", lambda d: ["--set", "learning_rate=nan"], "finite number", id="train-nan-set"),
+    pytest.param(
+        "train",
+        lambda d: ["--config", str(params(d, b"train:\n  learning_rate: .inf\n"))],
+        "finite number",
+        id="train-inf-in-params",
+    ),
+    pytest.param("prepare", lambda d: ["--max-reject-ratio", "nan"], "finite number", id="prepare-nan-option"),
     pytest.param("evaluate", lambda d: ["--plot", str(d / "m.pt")], "--plot writes .png", id="evaluate-plot"),
     pytest.param("evaluate", lambda d: ["--output", str(d / "m.csv")], "--output writes .json", id="evaluate-output"),
     pytest.param(

@@ -8,6 +8,7 @@ as "absent" and every other error has to reach the caller.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from contextlib import closing
 from pathlib import Path
 
 import pytest
+import torch
 
 from spinn.tracking import store as tracking
 
@@ -160,6 +162,29 @@ def test_a_registered_model_created_meanwhile_is_taken_as_it_is(store, monkeypat
     assert tracking.register(MODEL, run_id, tags={}) == "2"
 
 
+# ----------------------------------------------------------------------------- a model that is not finite
+
+NOT_FINITE = {
+    "nan-weight": ({"model_state": {"cell.weight": torch.tensor([0.1, float("nan")])}}, 0.5, "model_state.cell.weight"),
+    "inf-weight": ({"model_state": {"cell.bias": torch.tensor([float("inf")])}}, 0.5, "model_state.cell.bias"),
+    "nan-accuracy": ({"model_state": {"cell.weight": torch.tensor([0.1])}}, float("nan"), "dev accuracy nan"),
+}
+
+
+@pytest.mark.parametrize("case", NOT_FINITE)
+def test_a_model_that_is_not_finite_is_never_registered(case, store, tmp_path):
+    from spinn.errors import SpinnError
+    from spinn.tracking.register import register_model
+
+    contents, accuracy, named = NOT_FINITE[case]
+    checkpoint = tmp_path / "best.pt"
+    torch.save(contents, checkpoint)
+    run_id = logged_run()
+    with pytest.raises(SpinnError, match=rf"^{checkpoint}: {re.escape(named)}.*not registered$"):
+        register_model(run_id, checkpoint, accuracy, name=MODEL, alias=ALIAS)
+    assert tracking.versions_from_run(run_id) == []
+
+
 # ----------------------------------------------------------------------------- two processes, one store
 
 RACE_TIMEOUT_S = 300
@@ -216,7 +241,7 @@ def test_the_better_of_two_models_registered_at_the_same_instant_is_champion_eve
     checkpoints = {}
     for accuracy in (0.30, 0.40, 0.50):
         checkpoints[accuracy] = tmp_path / f"model-{accuracy}.pt"
-        checkpoints[accuracy].write_text(f"a model scoring {accuracy}")
+        torch.save({"model_state": {"weight": torch.tensor([accuracy])}}, checkpoints[accuracy])
     runs = {accuracy: logged_run() for accuracy in checkpoints}
     for trial in range(0, TRIALS, 2):
         register_model(runs[0.30], checkpoints[0.30], 0.30, name=f"race-{trial}", alias=ALIAS)
