@@ -40,6 +40,7 @@ from spinn.data.corpus import (
     pair_from_record,
     read_record,
 )
+from spinn.data.limits import DEFAULT_MAX_TOKENS
 from spinn.data.rejects import RecordProblem, Reject, RejectReason
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.errors import SpinnError
@@ -182,6 +183,9 @@ class PrepareSettings(Settings):
     """Tree source: the corpus's binary parse, or its n-ary parse through our binarizer (auto: binary if present)."""
     workers: int | None = Field(None, ge=1)
     """Parsing processes (default: the CPU count, at most 4); the output is the same for any number."""
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
+    """A sentence longer than this many tokens allows in characters (spinn.data.limits) is rejected as
+    too_long before its tree is read."""
     splits: dict[str, str] | None = None
     """Split -> file in the archive (default: the corpus's train, dev and test files)."""
 
@@ -217,7 +221,9 @@ def prepare(
         split = split or infer_split(name)
         summary = PrepareSummary(source, split, *prepared_files(output_dir, split))
         line_format, lines = corpus_lines(stream, name)
-        convert = partial(convert_chunk, line_format=line_format, source=source, trees=trees)
+        convert = partial(
+            convert_chunk, line_format=line_format, source=source, trees=trees, max_tokens=settings.max_tokens
+        )
         with (
             publishing((summary.output, summary.rejects), inputs=with_partner(input_path), names=(split,)),
             atomic_paths(summary.output, summary.rejects) as (parquet_tmp, rejects_tmp),
@@ -264,7 +270,7 @@ def _run_chunks(convert, chunks: Iterable[Chunk], workers: int) -> Iterator[tupl
 
 
 def convert_chunk(
-    chunk: list[tuple[int, bytes]], *, line_format: LineFormat, source: str, trees: TreeSource
+    chunk: list[tuple[int, bytes]], *, line_format: LineFormat, source: str, trees: TreeSource, max_tokens: int
 ) -> ChunkResult:
     """Turn raw lines into a table of pairs plus the rejects; runs in a worker process."""
     columns: dict[str, list] = {f.name: [] for f in PAIR_FIELDS}
@@ -275,7 +281,7 @@ def convert_chunk(
         if record is None:
             continue
         read += 1
-        outcome = _convert(record[1], line, record[0], source, trees)
+        outcome = _convert(record[1], line, record[0], source, trees, max_tokens)
         if isinstance(outcome, Pair):
             for name, values in columns.items():
                 values.append(getattr(outcome, name))
@@ -355,12 +361,12 @@ def _check_reject_ratio(summary: PrepareSummary, max_reject_ratio: float, reject
         )
 
 
-def _convert(record, line: int, raw: str, source: str, trees: TreeSource) -> Pair | Skip | Reject:
+def _convert(record, line: int, raw: str, source: str, trees: TreeSource, max_tokens: int) -> Pair | Skip | Reject:
     """One line's outcome: its pair, a skip, or the reject that says why."""
     problem = record if isinstance(record, RecordProblem) else None
     if problem is None:
         try:
-            return pair_from_record(record, line, trees)
+            return pair_from_record(record, line, trees, max_tokens)
         except RecordProblem as raised:
             problem = raised
     return Reject(source, line, problem.reason, problem.field, str(problem), raw)

@@ -36,6 +36,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from spinn.data.limits import DEFAULT_MAX_TOKENS, check_length, max_chars
 from spinn.data.rejects import RecordProblem, Reject, RejectReason
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
@@ -161,9 +162,10 @@ def detect_format(path: Path, fmt: str | None = None) -> str:
 
 
 def read_input_pairs(
-    path: Path, columns: Columns | None = None, fmt: str | None = None
+    path: Path, columns: Columns | None = None, fmt: str | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS
 ) -> Iterator[InputPair | Reject]:
-    """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now."""
+    """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now.
+    A sentence longer than `max_tokens` allows in characters is rejected as too_long, before any tokenizer."""
     path, columns = Path(path), columns or Columns()
     if not path.is_file():
         raise SpinnError(f"{path}: no such file")
@@ -171,7 +173,7 @@ def read_input_pairs(
     _check_content(path, detected)
     reader = _READERS[detected]
     resolved = resolve_columns(reader.available(path), columns, path)
-    return _validated(path, resolved, reader.rows(path, resolved))
+    return _validated(path, resolved, reader.rows(path, resolved), max_chars(max_tokens))
 
 
 def resolve_columns(available: Sequence[str], columns: Columns, path: Path) -> Columns:
@@ -222,19 +224,19 @@ def _check_content(path: Path, fmt: str) -> None:
 # --------------------------------------------------------------------------- validating rows
 
 
-def _validated(path: Path, columns: Columns, rows: Iterator[_Row]) -> Iterator[InputPair | Reject]:
+def _validated(path: Path, columns: Columns, rows: Iterator[_Row], limit: int) -> Iterator[InputPair | Reject]:
     seen: set[str] = set()
     for row in rows:
-        yield _pair_or_reject(path, columns, row, seen)
+        yield _pair_or_reject(path, columns, row, seen, limit)
 
 
-def _pair_or_reject(path: Path, columns: Columns, row: _Row, seen: set[str]) -> InputPair | Reject:
+def _pair_or_reject(path: Path, columns: Columns, row: _Row, seen: set[str], limit: int) -> InputPair | Reject:
     """Validate one row; the first problem found becomes its Reject. Only kept pairs claim their id."""
     try:
         if isinstance(row.values, RecordProblem):
             raise row.values
-        premise = _sentence(row.values, columns.premise)
-        hypothesis = _sentence(row.values, columns.hypothesis)
+        premise = _sentence(row.values, columns.premise, limit)
+        hypothesis = _sentence(row.values, columns.hypothesis, limit)
         label = _label(row.values, columns.label)
         pair_id = _pair_id(row.values, columns.id, row.row)
         if pair_id in seen:
@@ -258,10 +260,11 @@ def _invalid(column: str, value: Any, expected: str) -> RecordProblem:
     )
 
 
-def _sentence(values: Mapping[str, Any], column: str) -> str:
+def _sentence(values: Mapping[str, Any], column: str, limit: int) -> str:
     value = _present(values, column)
     if not isinstance(value, str):
         raise _invalid(column, value, "a string")
+    check_length(value, column, limit)
     sentence = value.strip()
     if not sentence:
         raise RecordProblem(RejectReason.EMPTY_SENTENCE, column, f"field {column!r} is empty")

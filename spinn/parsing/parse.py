@@ -119,7 +119,8 @@ def parse_pairs(
     split = split or infer_split(input_path.name)
     summary = PrepareSummary(str(input_path), split, *prepared_files(output_dir, split))
     outputs = (summary.output, summary.rejects)
-    pairs = read_input_pairs(input_path, columns, input_format)  # a whole-file problem: said before any work
+    max_tokens = settings.parsing.max_tokens
+    pairs = read_input_pairs(input_path, columns, input_format, max_tokens=max_tokens)  # whole-file problems: now
     with publishing(outputs, inputs=with_partner(input_path), names=(split,)):
         own_parser = parser is None
         parsing = settings.parsing
