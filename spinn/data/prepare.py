@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
+from spinn.children import exit_with_parent
 from spinn.data.corpus import (
     ID_FIELD,
     LineFormat,
@@ -249,7 +250,7 @@ def _run_chunks(convert, chunks: Iterable[Chunk], workers: int) -> Iterator[tupl
     Each result comes with its chunk, whose raw lines a reject found after conversion quotes.
 
     Worker processes are spawned, not forked, so a caller with threads (a
-    Prefect task runner, say) is safe.
+    Prefect task runner, say) is safe; they end with this process, even when it is killed.
     """
     chunks = iter(chunks)
     first_two = list(islice(chunks, 2))
@@ -257,7 +258,8 @@ def _run_chunks(convert, chunks: Iterable[Chunk], workers: int) -> Iterator[tupl
         yield from ((chunk, convert(chunk)) for chunk in chain(first_two, chunks))
         return
     chunks = chain(first_two, chunks)
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+    spawn = get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
         pending: deque[tuple[Chunk, Future[ChunkResult]]] = deque()
         for chunk in chunks:
             pending.append((chunk, pool.submit(convert, chunk)))
