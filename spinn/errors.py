@@ -7,7 +7,11 @@ line and exits non-zero; anything else is a bug and keeps its traceback. A
 cannot read): the CLI prints it as one `warning: ...` line and goes on.
 """
 
+import re
 from collections.abc import Callable
+
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+REDACTED = "***"
 
 
 class SpinnError(Exception):
@@ -31,8 +35,15 @@ class SpinnWarning(UserWarning):
 
 
 def one_line(error: BaseException) -> str:
-    """The error's message with its notes (what a failed run left behind, say) joined on: one line."""
-    return "; ".join([str(error), *getattr(error, "__notes__", [])])
+    """The error's message with its notes (what a failed run left behind, say) joined on: one line, with any
+    credentials in a URL redacted, since every front end prints or stores this line."""
+    return redact("; ".join([str(error), *getattr(error, "__notes__", [])]))
+
+
+def redact(text: str) -> str:
+    """`https://user:token@host/x` -> `https://***@host/x`: credentials in any URL of `text` hidden, for
+    every line a command prints, logs or records (error lines, lock files, download messages)."""
+    return _URL_CREDENTIALS.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
 
 
 def advice(error: BaseException, name: Callable[[str], str]) -> str | None:

@@ -32,7 +32,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, redact
 
 _DEFAULT_MODE = 0o666  # what open() would give a new file, before the umask
 _OWNER_ONLY = 0o600
@@ -346,16 +346,19 @@ def lock_folder(folder: Path) -> Iterator[FolderLock]:
 
 
 @contextmanager
-def _held(folder: Path, name: str, busy: str, *, remove: bool = False) -> Iterator[FolderLock]:
+def _held(
+    folder: Path, name: str, busy: str, *, remove: bool = False, named: Path | None = None
+) -> Iterator[FolderLock]:
     """Hold the flock of `folder/name`, recording this holder; FolderBusy (`busy` and the holder) if taken.
 
     `remove`: delete the lock file before letting go, so it leaves nothing behind. That is safe because a
     process that opened the file before the delete and locks it after finds it no longer at its path
-    (`_acquire`'s check) and starts over on a new file."""
+    (`_acquire`'s check) and starts over on a new file. `named`: the path a folder the user may not write
+    is reported under (the output the lock guards, rather than its hidden lock file)."""
     with write_errors(folder):
         folder.mkdir(parents=True, exist_ok=True)
     path = folder / name
-    fd = _acquire(path, busy)
+    fd = _acquire(path, busy, named or path)
     _HELD_LOCKS.add(fd)
     try:
         lock = FolderLock(path, _read_record(fd), fd)
@@ -368,10 +371,10 @@ def _held(folder: Path, name: str, busy: str, *, remove: bool = False) -> Iterat
         os.close(fd)
 
 
-def _acquire(path: Path, busy: str) -> int:
+def _acquire(path: Path, busy: str, named: Path) -> int:
     """An open descriptor of `path` holding its flock; retried when the file was replaced meanwhile."""
     while True:
-        with write_errors(path):
+        with write_errors(named):
             fd = os.open(path, os.O_RDWR | os.O_CREAT, _OWNER_ONLY)
             os.fchmod(fd, _OWNER_ONLY)  # a lock file made before locks were private becomes private too
         try:
@@ -415,16 +418,6 @@ def _describe(holder: dict) -> str:
 def _command() -> str:
     words = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else ["python"]
     return redact(" ".join(words))[:MAX_COMMAND_CHARS]
-
-
-_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
-REDACTED = "***"
-
-
-def redact(text: str) -> str:
-    """`https://user:token@host/x` -> `https://***@host/x`: credentials in any URL of `text` hidden, for
-    every line a command prints, logs or records (error lines, lock files, flow parameters)."""
-    return _URL_CREDENTIALS.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
 
 
 # ----------------------------------------------------------------------------- publishing
@@ -481,7 +474,8 @@ def publishing(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names: I
     with ExitStack() as stack:
         for output in sorted(set(outputs)):
             name = f".{output.name}{OUTPUT_LOCK_SUFFIX}"
-            stack.enter_context(_held(output.parent, name, f"{output}: being written by", remove=True))
+            busy = f"{output}: being written by"
+            stack.enter_context(_held(output.parent, name, busy, remove=True, named=output))
         yield
 
 

@@ -17,19 +17,8 @@ PATH = click.Path(path_type=Path)
 def input_file(_context: click.Context, parameter: click.Parameter, value: Path | None) -> Path | None:
     """A command's input file, checked while the command line is read, before any other work (a model
     download, a Stanza download): a misspelt name is the one `error:` line the user sees, exit status 1,
-    like every other user error (not Click's three-line usage error)."""
-    if value is None:
-        return None
-    path = Path(value)
-    if not path.exists():
-        raise SpinnError(f"{path}: no such file")
-    if path.is_dir():
-        raise SpinnError(f"{path}: is a folder; name a file")
-    return path
-
-
-def input_folder_or_file(_context: click.Context, parameter: click.Parameter, value: Path | None) -> Path | None:
-    """An input that may be a file or a folder (a zip or its extracted copy): it must exist."""
+    like every other user error (not Click's three-line usage error). A folder is left to the stage, which
+    says what kind of file it expected there."""
     if value is not None and not Path(value).exists():
         raise SpinnError(f"{value}: no such file")
     return None if value is None else Path(value)

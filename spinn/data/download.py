@@ -29,8 +29,8 @@ import urllib3
 from pydantic import Field, field_validator, model_validator
 from tqdm import tqdm
 
-from spinn.errors import SpinnError
-from spinn.io import atomic_path, file_digest, plain_file_name, publishing, redact
+from spinn.errors import SpinnError, redact
+from spinn.io import atomic_path, file_digest, plain_file_name, publishing
 from spinn.settings import Settings, env_default
 
 DEFAULT_RAW_DIR = Path("data/raw")
