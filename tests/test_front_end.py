@@ -95,6 +95,12 @@ CASES = [
     *bad_config(lambda d: params(d, "train:\n  seed: 1  # é\n".encode("utf-16")), "not UTF-8"),
     *bad_config(lambda d: d, "is a folder"),
     *bad_config(lambda d: params(d, b"trian:\n  seed: 1\n"), "unknown section 'trian'"),
+    pytest.param(
+        "prepare",
+        lambda d: ["--config", str(params(d, b"prepare:\n  splits: {train: a, dev: b, test: c, ../x: d}\n"))],
+        "not a plain file name",
+        id="prepare-split-in-params",
+    ),
     pytest.param("train", lambda d: ["--set", "max_steps=[1"], "not valid YAML", id="train-set-not-yaml"),
     pytest.param("train", lambda d: ["--set", "max_epochs=true"], "must be a number, not true", id="train-bool"),
     pytest.param(

@@ -45,7 +45,7 @@ from spinn.data.limits import DEFAULT_MAX_TOKENS
 from spinn.data.rejects import RecordProblem, Reject, RejectReason
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.errors import SpinnError
-from spinn.io import atomic_paths, publish, publishing, tidy_folder
+from spinn.io import atomic_paths, plain_file_name, publish, publishing, tidy_folder
 from spinn.settings import Settings
 
 DEFAULT_MAX_REJECT_RATIO = 0.01
@@ -196,6 +196,11 @@ class PrepareSettings(Settings):
         missing = sorted(set(PIPELINE_SPLITS) - set(splits or PIPELINE_SPLITS))
         if missing:
             raise ValueError(f"splits must name {', '.join(PIPELINE_SPLITS)}; missing {missing}")
+        for split in splits or {}:  # each becomes a file name: refused here, before any stage or flow runs
+            try:
+                plain_file_name(split)
+            except SpinnError as error:
+                raise ValueError(str(error)) from None
         return splits
 
 
