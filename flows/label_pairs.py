@@ -39,6 +39,8 @@ from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shards import hold_output
 
 INDEX_NAME = "index.json"
+LABELS_SUFFIX = ".labels.parquet"
+"""Ends every output's name: the input's whole name, then this (see output_name)."""
 INPUT_SUFFIXES = readable_suffixes()
 """The inbox takes every file the sentence-pair readers can read (matched case-blind, as they do)."""
 DONE, FAILED = "done", "failed"
@@ -181,7 +183,7 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
     """One file: plan, then every shard as a task on the Dask cluster, then merge; the output is this
     run's alone meanwhile (`hold_output`: a `spinn label` on it is refused, and this run is if one holds it)."""
     settings = request.label_settings()
-    output = request.outbox / f"{_stem(input_path)}.labels.parquet"
+    output = request.outbox / output_name(input_path)
     with hold_output(output):
         planned = plan_task(input_path, output, request.model, settings)
         plan = planned.plan
@@ -276,10 +278,11 @@ def _input_suffix(path: Path) -> str | None:
     return next((suffix for suffix in sorted(INPUT_SUFFIXES, key=len, reverse=True) if name.endswith(suffix)), None)
 
 
-def _stem(path: Path) -> str:
-    """`pairs.jsonl.gz` -> `pairs`: the name of the file's outputs."""
-    suffix = _input_suffix(path)
-    return path.name[: -len(suffix)] if suffix else path.stem
+def output_name(path: Path) -> str:
+    """`pairs.jsonl.gz` -> `pairs.jsonl.gz.labels.parquet`: the whole input name, so two inputs that differ
+    only in their suffix (`pairs.csv` and `pairs.jsonl`) never share an output, which would fail the second
+    on every run for good."""
+    return f"{path.name}{LABELS_SUFFIX}"
 
 
 def _now() -> str:

@@ -7,7 +7,12 @@ line and exits non-zero; anything else is a bug and keeps its traceback. A
 cannot read): the CLI prints it as one `warning: ...` line and goes on.
 """
 
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+_URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+REDACTED = "***"
 
 
 class SpinnError(Exception):
@@ -31,8 +36,15 @@ class SpinnWarning(UserWarning):
 
 
 def one_line(error: BaseException) -> str:
-    """The error's message with its notes (what a failed run left behind, say) joined on: one line."""
-    return "; ".join([str(error), *getattr(error, "__notes__", [])])
+    """The error's message with its notes (what a failed run left behind, say) joined on: one line, with any
+    credentials in a URL redacted, since every front end prints or stores this line."""
+    return redact("; ".join([str(error), *getattr(error, "__notes__", [])]))
+
+
+def redact(text: str) -> str:
+    """`https://user:token@host/x` -> `https://***@host/x`: credentials in any URL of `text` hidden, for
+    every line a command prints, logs or records (error lines, lock files, download messages)."""
+    return _URL_CREDENTIALS.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
 
 
 def advice(error: BaseException, name: Callable[[str], str]) -> str | None:
@@ -47,3 +59,43 @@ def advice(error: BaseException, name: Callable[[str], str]) -> str | None:
 def option_name(setting: str) -> str:
     """`checksum` -> `--checksum`: a setting as the command line spells it."""
     return "--" + setting.replace("_", "-")
+
+
+# ----------------------------------------------------------------------------- what a library's failure means
+
+_UNPICKLER_DETAIL = re.compile(r"WeightsUnpickler error:\s*(?P<detail>[^\n]+)")
+
+
+def refused_checkpoint(path: object, error: BaseException) -> SpinnError:
+    """A checkpoint torch.load(weights_only=True) would not read, said so the user can act on it.
+
+    torch's own message advises rerunning with weights_only=False, which runs
+    whatever code the file carries: the one thing never to do with a file of
+    unknown origin. What is true is that the file holds objects no spinn
+    checkpoint holds: it is not one of ours, or it came from a source that
+    should not be trusted."""
+    text = str(error)
+    if "weights_only" in text:
+        match = _UNPICKLER_DETAIL.search(text)
+        detail = f" ({match['detail'].strip()})" if match else ""
+        return SpinnError(
+            f"{path}: not a spinn checkpoint, or one from an untrusted source: it holds objects a spinn checkpoint "
+            f"never holds{detail}; it was not loaded"
+        )
+    first_line = text.strip().splitlines()[0] if text.strip() else type(error).__name__
+    return SpinnError(f"{path}: not a readable spinn checkpoint ({first_line})")
+
+
+def misfit_weights(path: object, expected: Mapping[str, Any], saved: Mapping[str, Any]) -> SpinnError:
+    """Weights that do not fit the model their config builds, naming the first tensor that differs and both
+    shapes (`expected`: the built model's state dict; `saved`: the checkpoint's)."""
+    for name, tensor in expected.items():
+        if name not in saved:
+            return SpinnError(f"{path}: weights do not fit the model config: the checkpoint has no {name}")
+        if tuple(saved[name].shape) != tuple(tensor.shape):
+            return SpinnError(
+                f"{path}: weights do not fit the model config: {name} is {tuple(saved[name].shape)} in the "
+                f"checkpoint, {tuple(tensor.shape)} in the model its config builds"
+            )
+    extra = next((name for name in saved if name not in expected), None)
+    return SpinnError(f"{path}: weights do not fit the model config: the checkpoint has {extra}, the model has not")

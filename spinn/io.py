@@ -8,7 +8,9 @@ name carries its writer's pid and host, so the next start of a stage can
 remove the ones a killed writer left without touching a live writer's
 (`tidy_folder`). A full disk or a folder the user may not write becomes one
 `SpinnError` line naming the file. A folder lock (`lock_folder`) keeps a
-second run out of an output folder while one works there. Digests identify
+second run out of an output folder while one works there; `publishing` is the
+one way a stage starts writing its outputs: it refuses, before any work, an
+output that would destroy an input, then holds a lock per output. Digests identify
 files by content: downloads are verified with them, registered models and
 cached stages are keyed on them.
 """
@@ -25,14 +27,16 @@ import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable, Iterator
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, redact
 
 _DEFAULT_MODE = 0o666  # what open() would give a new file, before the umask
+_OWNER_ONLY = 0o600
+"""Lock files record their holder's command line, which may carry a secret: only their owner reads them."""
 TEMPORARY_SUFFIX = ".tmp"
 STALE_TEMPORARY_SECONDS = 24 * 60 * 60
 """A temporary whose writer we cannot ask about (another host, or a name without a pid) is left alone
@@ -337,33 +341,49 @@ def lock_folder(folder: Path) -> Iterator[FolderLock]:
     needs clearing: the next run takes it over and overwrites the dead holder's
     record (pid, host, start time, command), which is what a refused run quotes.
     """
-    folder = Path(folder)
+    with _held(Path(folder), LOCK_NAME, f"{folder}: in use by") as lock:
+        yield lock
+
+
+@contextmanager
+def _held(
+    folder: Path, name: str, busy: str, *, remove: bool = False, named: Path | None = None
+) -> Iterator[FolderLock]:
+    """Hold the flock of `folder/name`, recording this holder; FolderBusy (`busy` and the holder) if taken.
+
+    `remove`: delete the lock file before letting go, so it leaves nothing behind. That is safe because a
+    process that opened the file before the delete and locks it after finds it no longer at its path
+    (`_acquire`'s check) and starts over on a new file. `named`: the path a folder the user may not write
+    is reported under (the output the lock guards, rather than its hidden lock file)."""
     with write_errors(folder):
         folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOCK_NAME
-    fd = _acquire(path)
+    path = folder / name
+    fd = _acquire(path, busy, named or path)
     _HELD_LOCKS.add(fd)
     try:
         lock = FolderLock(path, _read_record(fd), fd)
         lock.record(pid=str(os.getpid()), host=HOST, started=time.strftime("%Y-%m-%d %H:%M:%S"), command=_command())
         yield lock
     finally:
+        if remove:
+            path.unlink(missing_ok=True)
         _HELD_LOCKS.discard(fd)
         os.close(fd)
 
 
-def _acquire(path: Path) -> int:
+def _acquire(path: Path, busy: str, named: Path) -> int:
     """An open descriptor of `path` holding its flock; retried when the file was replaced meanwhile."""
     while True:
-        with write_errors(path):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, _DEFAULT_MODE & ~_UMASK)
+        with write_errors(named):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, _OWNER_ONLY)
+            os.fchmod(fd, _OWNER_ONLY)  # a lock file made before locks were private becomes private too
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
             holder = _read_record(fd)
             os.close(fd)
             if error.errno in _CONTENDED:
-                raise FolderBusy(f"{path.parent}: in use by {_describe(holder)}; wait for it to end") from None
+                raise FolderBusy(f"{busy} {_describe(holder)}; wait for it to end") from None
             raise
         if _still_at(fd, path):
             return fd
@@ -397,7 +417,66 @@ def _describe(holder: dict) -> str:
 
 def _command() -> str:
     words = [Path(sys.argv[0]).name, *sys.argv[1:]] if sys.argv and sys.argv[0] else ["python"]
-    return " ".join(words)[:MAX_COMMAND_CHARS]
+    return redact(" ".join(words))[:MAX_COMMAND_CHARS]
+
+
+# ----------------------------------------------------------------------------- publishing
+
+OUTPUT_LOCK_SUFFIX = ".spinn.lock"
+
+
+def check_outputs(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names: Iterable[str] = ()) -> None:
+    """Refuse, in one line and before any work, a command whose outputs would destroy what it reads.
+
+    `outputs` are every file (or folder) the command will write, all files of
+    a paired publish included; `inputs` every file it reads, with the files
+    that belong to them (a prepared split's rejects file): an output that is
+    one of them, by name, link or hard link, is refused. `names` are names a
+    user gave that become file names (a split): each must be a plain file name,
+    so no output lands outside its folder."""
+    for name in names:
+        plain_file_name(name)
+    read = {_identity(Path(path)): Path(path) for path in inputs}
+    for output in outputs:
+        source = read.get(_identity(Path(output)))
+        if source is not None:
+            same = "is the input" if Path(output) == source else f"is the input {source}"
+            raise SpinnError(f"{output}: {same}; writing it would destroy what the command reads")
+
+
+def plain_file_name(name: str, what: str = "split") -> str:
+    """`name` when it can be a file name in a folder: no folder part, not `.` or `..`, nothing hidden."""
+    if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name or name.startswith("."):
+        raise SpinnError(f"{what} {name!r}: not a plain file name (no folders, no leading dot)")
+    return name
+
+
+def _identity(path: Path) -> tuple[int, int] | str:
+    """What makes two paths one file: device and inode when it exists, else its resolved name."""
+    try:
+        status = path.stat()
+    except OSError:
+        return os.path.realpath(path)
+    return status.st_dev, status.st_ino
+
+
+@contextmanager
+def publishing(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names: Iterable[str] = ()) -> Iterator[None]:
+    """The one way a stage starts writing its outputs: `check_outputs`, then hold each output's lock for the
+    block, so a second run writing any of them is refused (FolderBusy naming the holder) instead of
+    publishing one of its files beside the first run's other.
+
+    Each output's lock is a private `.NAME.spinn.lock` beside it, taken like `lock_folder`'s and removed
+    when the block ends: outputs of different runs in one folder (prepare's train, dev and test) do not
+    wait on each other, and a folder DVC tracks as one output gets no lock file inside it."""
+    outputs = [Path(output) for output in outputs]
+    check_outputs(outputs, inputs=inputs, names=names)
+    with ExitStack() as stack:
+        for output in sorted(set(outputs)):
+            name = f".{output.name}{OUTPUT_LOCK_SUFFIX}"
+            busy = f"{output}: being written by"
+            stack.enter_context(_held(output.parent, name, busy, remove=True, named=output))
+        yield
 
 
 def file_digest(path: Path, algorithm: str = "sha256") -> str:

@@ -20,7 +20,16 @@ from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, PlainValidator, ValidationError, WithJsonSchema, create_model
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PlainValidator,
+    ValidationError,
+    ValidationInfo,
+    WithJsonSchema,
+    create_model,
+    field_validator,
+)
 
 from spinn.errors import SpinnError
 
@@ -28,6 +37,10 @@ DEFAULT_PARAMS = Path("params.yaml")
 AUTO = "auto"
 Device = Literal["auto", "cpu", "cuda"]
 """Where torch runs; auto: the GPU when there is one."""
+PARAMS_SECTIONS = frozenset({"download", "prepare", "vocab", "embeddings", "train", "evaluate"})
+"""The sections params.yaml may hold: one per stage of `dvc repro`. Any other is a misspelling and is refused,
+since a section nobody reads would silently leave its stage on its defaults. Every `Settings.section` must be
+one of them (checked when the stage's model is defined)."""
 
 
 class SettingsError(SpinnError, ValueError):
@@ -42,12 +55,30 @@ class SettingsError(SpinnError, ValueError):
 class Settings(BaseModel):
     """Base of every stage's settings: frozen, strict about unknown keys, documented field by field."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=(), use_attribute_docstrings=True)
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, protected_namespaces=(), use_attribute_docstrings=True, allow_inf_nan=False
+    )
+    """allow_inf_nan=False: no setting is ever infinite or NaN (`--learning-rate inf`, `.inf` in params.yaml
+    would train a model of NaN weights), so every float is validated finite here, once, for every stage."""
 
     section: ClassVar[str | None] = None
     """The params.yaml section this stage reads (None: the stage is not part of `dvc repro`)."""
     not_on_cli: ClassVar[dict[str, str]] = {}
     """Fields the stage's command does not offer as options, each with the reason (tests hold us to it)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        section = cls.__dict__.get("section")
+        if section is not None and section not in PARAMS_SECTIONS:
+            raise TypeError(f"{cls.__name__}.section {section!r} is not one of PARAMS_SECTIONS")
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _numbers_are_not_booleans(cls, value: Any, info: ValidationInfo) -> Any:
+        """YAML's `true` is not the number 1: `max_epochs: true` is refused, not read as one epoch."""
+        if isinstance(value, bool) and _is_number(cls.model_fields[info.field_name].annotation):
+            raise ValueError(f"must be a number, not {str(value).lower()}")
+        return value
 
     @classmethod
     def build(cls, *layers: dict[str, Any], where: str | None = None) -> Self:
@@ -119,6 +150,15 @@ def usable_cores() -> int:
     return os.cpu_count() or 1
 
 
+def _is_number(annotation: Any) -> bool:
+    """Whether a field holds a plain int or float (`int`, `float | None`, `Annotated[int, ...]`)."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return any(_is_number(argument) for argument in get_args(annotation) if argument is not type(None))
+    if get_origin(annotation) is Annotated:
+        return _is_number(get_args(annotation)[0])
+    return annotation in (int, float)
+
+
 def deep_merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
     merged = dict(base)
     for key, value in layer.items():
@@ -147,15 +187,26 @@ def describe(error: ValidationError) -> list[tuple[str, str]]:
 
 
 def read_params(path: Path) -> dict[str, Any]:
+    """The params file's sections, each one PARAMS_SECTIONS names; any problem is one line naming the file."""
     path = Path(path)
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise SpinnError(f"{path}: no such params file") from None
+    except IsADirectoryError:
+        raise SpinnError(f"{path}: is a folder; name the params file, e.g. {path / DEFAULT_PARAMS}") from None
+    except UnicodeDecodeError as error:
+        raise SpinnError(f"{path}: not UTF-8 text (byte {error.start}); save it as UTF-8") from None
+    except OSError as error:
+        raise SpinnError(f"{path}: cannot read it ({error.strerror})") from None
     except yaml.YAMLError as error:
         raise SpinnError(f"{path}: not valid YAML ({str(error).splitlines()[0]})") from None
     if not isinstance(data, dict):
         raise SpinnError(f"{path}: expected a mapping of sections, got {type(data).__name__}")
+    unknown = sorted(str(key) for key in data if key not in PARAMS_SECTIONS)
+    if unknown:
+        known = ", ".join(sorted(PARAMS_SECTIONS))
+        raise SpinnError(f"{path}: unknown section {', '.join(map(repr, unknown))}; the sections are {known}")
     return data
 
 
@@ -177,7 +228,10 @@ def parse_override(override: str) -> tuple[str, Any]:
     key, separator, text = override.partition("=")
     if not separator or not key.strip():
         raise SpinnError(f"override {override!r}: expected KEY=VALUE, e.g. model.d_hidden=100")
-    return key.strip(), yaml.safe_load(text)
+    try:
+        return key.strip(), yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise SpinnError(f"override {override!r}: the value is not valid YAML ({str(error).splitlines()[0]})") from None
 
 
 def nest(flat: Iterable[tuple[str, Any]]) -> dict[str, Any]:

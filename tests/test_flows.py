@@ -417,7 +417,7 @@ def test_readme_deployments_run_offline_by_name_on_their_defaults(project, first
     (inbox / "bad.jsonl").write_text(json.dumps({"text": rows[0]["premise"]}) + "\n", encoding="utf-8")
     labelled = run_by_name(next(line for line in lines if "'label-pairs/inbox'" in line), checkout, env)
     assert labelled.state.is_failed() and "bad.jsonl" in labelled.state.message, labelled.state.message
-    predictions = pq.read_table(checkout / "data" / "labelled" / "good.labels.parquet").to_pylist()
+    predictions = pq.read_table(checkout / "data" / "labelled" / "good.csv.labels.parquet").to_pylist()
     assert len(predictions) == len(rows) and {row["model"] for row in predictions} == {
         f"models:/spinn/{champion.version}"
     }

@@ -96,7 +96,7 @@ def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request
     entries = label_pairs(request)
     assert {name: entry["status"] for name, entry in entries.items()} == {"first.csv": DONE, "second.jsonl": DONE}
     assert entries["first.csv"]["shards"] == 3 and entries["first.csv"]["model"] == "models:/label-test/1"
-    labelled = pq.read_table(tmp_path / "labelled" / "first.labels.parquet").to_pylist()
+    labelled = pq.read_table(tmp_path / "labelled" / "first.csv.labels.parquet").to_pylist()
     assert [row["pair_id"] for row in labelled] == [row["id"] for row in rows[:45]]
     assert read_index(tmp_path / "labelled").keys() == {"first.csv", "second.jsonl"}
 
@@ -157,7 +157,7 @@ def test_the_run_artifact_lists_every_file_with_its_counts(smoke_model, request_
 
     write_rows(tmp_path / "inbox" / "pairs.csv", smoke_pairs(smoke_model, 4))
     state = label_pairs(request_for(parser="model", dask_workers=1), return_state=True)
-    output = str(tmp_path / "labelled" / "pairs.labels.parquet")
+    output = str(tmp_path / "labelled" / "pairs.csv.labels.parquet")
     assert run_table(state) == {
         "pairs.csv": {
             "file": "pairs.csv",
@@ -183,7 +183,7 @@ def test_the_parser_reported_is_the_one_the_labeller_resolved(smoke_model, rl_ch
     state = label_pairs(request_for(model=str(rl_checkpoint), parser="auto", dask_workers=1), return_state=True)
     entries = state.result()
 
-    rows = pq.read_table(tmp_path / "labelled" / "pairs.labels.parquet").to_pylist()
+    rows = pq.read_table(tmp_path / "labelled" / "pairs.csv.labels.parquet").to_pylist()
     assert {row["parser"] for row in rows} == {"model"}
     assert entries["pairs.csv"]["parser"] == "model"
     assert read_index(tmp_path / "labelled")["pairs.csv"]["parser"] == "model"

@@ -55,10 +55,14 @@ def test_the_inbox_picks_up_every_file_the_reader_accepts_and_no_other(tmp_path)
     assert {"pairs.ndjson", "pairs.tab", "pairs.ndjson.gz", "pairs.tab.gz"} <= picked
 
 
-def test_outputs_are_named_after_the_input_without_its_suffix():
-    from flows.label_pairs import _stem
+def test_every_inbox_file_has_an_output_of_its_own():
+    """Issue 22: `pairs.csv` and `pairs.jsonl` once shared `pairs.labels.parquet`, so the second always failed."""
+    from flows.label_pairs import output_name
 
-    assert [_stem(Path(name)) for name in ("a.b.tsv.gz", "PAIRS.NDJSON", "pairs.tab")] == ["a.b", "PAIRS", "pairs"]
+    names = ("pairs.csv", "pairs.jsonl", "pairs.jsonl.gz", "PAIRS.NDJSON", "a.b.tsv.gz", "pairs.tab")
+    outputs = [output_name(Path(name)) for name in names]
+    assert len(set(outputs)) == len(names) and all(output.endswith(".labels.parquet") for output in outputs)
+    assert output_name(Path("a.b.tsv.gz")) == "a.b.tsv.gz.labels.parquet"
 
 
 def test_dask_workers_parse_in_their_own_process():

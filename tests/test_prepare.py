@@ -391,3 +391,64 @@ def test_spinn_parse_publishes_its_pair_the_same_way(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert read_pairs(out / "new.parquet").equals(read_pairs(reference / "new.parquet"))
     assert (out / "new.rejects.jsonl").read_text() == (reference / "new.rejects.jsonl").read_text()
+
+
+# ----------------------------------------------------------------------------- workers end with a killed parent
+
+WORKERS_UP_TIMEOUT_S = 120
+WORKERS_GONE_TIMEOUT_S = 15
+"""Workers poll their parent every spinn.children.PARENT_POLL_S; a loaded two-core machine adds the rest."""
+
+
+def children_of(pid: int) -> set[int]:
+    """The live processes whose parent is `pid` (Linux /proc)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            found.add(int(stat.parent.name))
+    return found
+
+
+def alive(pids: set[int]) -> set[int]:
+    return {pid for pid in pids if Path(f"/proc/{pid}").exists() and "Z" not in _state(pid)}
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
+
+
+@pytest.mark.slow
+def test_prepare_workers_end_when_prepare_is_killed(tmp_path):
+    """SIGKILL `spinn prepare --workers 2` while its workers convert: none of them outlives it."""
+    import signal
+    import subprocess
+    import sys
+
+    from spinn.data.prepare import CHUNK_LINES
+
+    lines = [json.dumps(record(str(i))) for i in range(CHUNK_LINES * 6)]
+    corpus = write_jsonl(tmp_path / "train.jsonl", lines)
+    command = [str(Path(sys.executable).with_name("spinn")), "prepare", str(corpus), "--workers", "2"]
+    parent = subprocess.Popen([*command, "--output-dir", str(tmp_path / "out")], stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + WORKERS_UP_TIMEOUT_S
+    workers: set[int] = set()
+    while len(workers) < 2 and time.monotonic() < deadline and parent.poll() is None:
+        workers = children_of(parent.pid)
+        time.sleep(0.1)
+    assert len(workers) >= 2, "the workers never started"
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + WORKERS_GONE_TIMEOUT_S
+    while alive(workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    survivors = alive(workers)
+    for pid in survivors:  # the test's own strays, so a failure leaves nothing running
+        os.kill(pid, signal.SIGKILL)
+    assert not survivors

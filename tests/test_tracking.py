@@ -8,12 +8,16 @@ as "absent" and every other error has to reach the caller.
 from __future__ import annotations
 
 import os
+import re
+import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
+import torch
 
 from spinn.tracking import store as tracking
 
@@ -158,6 +162,29 @@ def test_a_registered_model_created_meanwhile_is_taken_as_it_is(store, monkeypat
     assert tracking.register(MODEL, run_id, tags={}) == "2"
 
 
+# ----------------------------------------------------------------------------- a model that is not finite
+
+NOT_FINITE = {
+    "nan-weight": ({"model_state": {"cell.weight": torch.tensor([0.1, float("nan")])}}, 0.5, "model_state.cell.weight"),
+    "inf-weight": ({"model_state": {"cell.bias": torch.tensor([float("inf")])}}, 0.5, "model_state.cell.bias"),
+    "nan-accuracy": ({"model_state": {"cell.weight": torch.tensor([0.1])}}, float("nan"), "dev accuracy nan"),
+}
+
+
+@pytest.mark.parametrize("case", NOT_FINITE)
+def test_a_model_that_is_not_finite_is_never_registered(case, store, tmp_path):
+    from spinn.errors import SpinnError
+    from spinn.tracking.register import register_model
+
+    contents, accuracy, named = NOT_FINITE[case]
+    checkpoint = tmp_path / "best.pt"
+    torch.save(contents, checkpoint)
+    run_id = logged_run()
+    with pytest.raises(SpinnError, match=rf"^{checkpoint}: {re.escape(named)}.*not registered$"):
+        register_model(run_id, checkpoint, accuracy, name=MODEL, alias=ALIAS)
+    assert tracking.versions_from_run(run_id) == []
+
+
 # ----------------------------------------------------------------------------- two processes, one store
 
 RACE_TIMEOUT_S = 300
@@ -214,7 +241,7 @@ def test_the_better_of_two_models_registered_at_the_same_instant_is_champion_eve
     checkpoints = {}
     for accuracy in (0.30, 0.40, 0.50):
         checkpoints[accuracy] = tmp_path / f"model-{accuracy}.pt"
-        checkpoints[accuracy].write_text(f"a model scoring {accuracy}")
+        torch.save({"model_state": {"weight": torch.tensor([accuracy])}}, checkpoints[accuracy])
     runs = {accuracy: logged_run() for accuracy in checkpoints}
     for trial in range(0, TRIALS, 2):
         register_model(runs[0.30], checkpoints[0.30], 0.30, name=f"race-{trial}", alias=ALIAS)
@@ -233,3 +260,72 @@ def test_two_processes_opening_a_fresh_store_at_the_same_instant_both_work(tmp_p
         client = mlflow.MlflowClient(f"sqlite:///{tmp_path}/fresh-{trial}.db")
         runs = client.search_runs([client.get_experiment_by_name("race").experiment_id])
         assert [run.info.status for run in runs] == ["FINISHED", "FINISHED"], f"trial {trial}"
+
+
+# ----------------------------------------------------------------------------- a killed first run
+
+OPEN_WHEN_TOLD = """
+import sys
+import mlflow
+from spinn.tracking import store as tracking
+print("imported", flush=True)
+with tracking.run("killed"):
+    tracking.log_metrics({"dev_accuracy": 0.5}, step=1)
+"""
+KILL_POINTS = (
+    ("imported", 0.2),
+    ("Creating initial MLflow database tables", 0.0),
+    ("Updating database tables", 0.0),
+    ("Updating database tables", 0.5),
+    ("Updating database tables", 1.0),
+    ("Updating database tables", 1.5),
+    ("Updating database tables", 2.5),
+)
+"""Where the first run is killed: a line it prints (MLflow logs the two steps of creating a store), then a pause.
+Creating and migrating a fresh store takes seconds, so these land at its start, in its migrations and later."""
+PROCESS_TIMEOUT_S = 120
+
+
+def first_run_killed_at(line: str, seconds: float, folder: Path) -> None:
+    """Start a first run on a fresh store in `folder`; SIGKILL it `seconds` after it printed `line`."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", OPEN_WHEN_TOLD], cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        for printed in process.stdout:
+            if line in printed:
+                time.sleep(seconds)
+                break
+    finally:
+        process.kill()
+        process.wait(timeout=PROCESS_TIMEOUT_S)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("line", "seconds"), KILL_POINTS)
+def test_a_first_run_killed_while_creating_the_store_never_breaks_it(line, seconds, store):
+    first_run_killed_at(line, seconds, store.parent)
+    run_id = logged_run()  # the next run works on whatever the killed one left
+    assert tracking.run_exists(run_id)
+    assert not [path.name for path in store.parent.iterdir() if path.name.endswith(".tmp")]
+
+
+def test_a_half_made_store_of_an_earlier_release_is_rebuilt(store):
+    """What a killed migration left: some tables, an old schema revision, no runs."""
+    with closing(sqlite3.connect(store)) as db:
+        db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")
+        db.execute("INSERT INTO alembic_version VALUES ('451aebb31d03')")
+        db.execute("CREATE TABLE assessments (id INTEGER)")
+        db.commit()
+    assert tracking.run_exists(logged_run())
+
+
+def test_a_store_with_runs_is_never_rebuilt(store):
+    run_id = logged_run()
+    tracking._opened.clear()  # as a new process would open it
+    with closing(sqlite3.connect(store)) as db:
+        db.execute("UPDATE alembic_version SET version_num = 'an-older-one'")
+        db.commit()
+    assert not tracking._needs_building(store)
+    with closing(sqlite3.connect(store)) as db:
+        assert db.execute("SELECT run_uuid FROM runs").fetchall() == [(run_id,)]

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from spinn.bench import BenchSettings
-from spinn.cli.common import PATH
+from spinn.cli.common import PATH, input_file
 from spinn.labeling.settings import LabelSettings
 from spinn.options import field_options, given, resolve
 
@@ -45,7 +45,7 @@ def bench(as_json: bool, **options: Any) -> None:
 
 
 @click.command("bench-label")
-@click.argument("input_path", metavar="INPUT", type=PATH)
+@click.argument("input_path", metavar="INPUT", type=PATH, callback=input_file)
 @click.option("--model", "model_reference", required=True, help="Checkpoint path or MLflow model URI.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line instead of a summary.")
 @field_options(LabelSettings)

@@ -7,11 +7,12 @@ from typing import Any, get_args
 
 import click
 
-from spinn.cli.common import PATH, config_option, output_folder
+from spinn.cli.common import PATH, config_option, input_file, output_folder
 from spinn.data.download import CorpusName, DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
+from spinn.io import publishing
 from spinn.options import field_options, given, renamed_option, resolve
 
 
@@ -39,7 +40,7 @@ def download(corpus: str | None, raw_dir: Path, no_extract: bool, config_path: P
 
 
 @click.command()
-@click.argument("input_path", metavar="INPUT", type=PATH)
+@click.argument("input_path", metavar="INPUT", type=PATH, callback=input_file)
 @click.option(
     "--output-dir", type=PATH, help="Folder for <split>.parquet and <split>.rejects.jsonl.  [default: data/prepared]"
 )
@@ -72,7 +73,7 @@ def prepare(
 
 
 @click.command()
-@click.argument("train", type=PATH)
+@click.argument("train", type=PATH, callback=input_file)
 @click.option("--output", type=PATH, help="Where to write (default: vocab.json beside TRAIN).")
 @config_option("vocab")
 @field_options(VocabSettings)
@@ -92,6 +93,7 @@ def vocab(train: Path, output: Path | None, config_path: Path | None, **options:
     type=PATH,
     default=Path("data/prepared/vocab.json"),
     show_default=True,
+    callback=input_file,
     help="The vocabulary to align the vectors to.",
 )
 @click.option(
@@ -108,7 +110,8 @@ def embeddings(vocab_path: Path, cache_dir: Path, config_path: Path | None, **op
     from spinn.data.embeddings import embeddings_stage
 
     settings = resolve(EmbeddingSettings, config_path, given(EmbeddingSettings, options))
-    report = embeddings_stage(vocab_path, settings, cache_dir=cache_dir)
+    with publishing((cache_dir,), inputs=(vocab_path,)):
+        report = embeddings_stage(vocab_path, settings, cache_dir=cache_dir)
     state = "cached already" if report.from_cache else "aligned and cached"
     click.echo(
         f"{report.source}: {report.dim}d vectors for {report.found} of {report.found + report.oov} words "
@@ -117,7 +120,7 @@ def embeddings(vocab_path: Path, cache_dir: Path, config_path: Path | None, **op
 
 
 @click.command("check-binarization")
-@click.argument("input_path", metavar="FILE", type=PATH)
+@click.argument("input_path", metavar="FILE", type=PATH, callback=input_file)
 @click.option("--member", help="File inside a zip FILE.")
 @click.option("--show", type=click.IntRange(min=0), default=5, show_default=True, help="Mismatches to print.")
 def check_binarization(input_path: Path, member: str | None, show: int) -> None:

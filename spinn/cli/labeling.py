@@ -8,7 +8,7 @@ from typing import Any, get_args
 
 import click
 
-from spinn.cli.common import INPUT_FILE, PATH, output_file, output_folder
+from spinn.cli.common import PATH, input_file, output_file, output_folder, output_with_suffix
 from spinn.labeling.settings import LabelSettings
 from spinn.labeling.trees import TreesSettings
 from spinn.options import field_options, given, renamed_option, resolve
@@ -28,7 +28,7 @@ def _without_cache(values: dict[str, Any], no_cache: bool) -> dict[str, Any]:
 
 
 @click.command()
-@click.argument("input_path", metavar="INPUT", type=INPUT_FILE)
+@click.argument("input_path", metavar="INPUT", type=PATH, callback=input_file)
 @click.option(
     "--output-dir", type=PATH, help="Folder for <split>.parquet and <split>.rejects.jsonl.  [default: data/prepared]"
 )
@@ -58,7 +58,7 @@ def parse(
 
 
 @click.command()
-@click.argument("input_path", metavar="INPUT", type=INPUT_FILE)
+@click.argument("input_path", metavar="INPUT", type=PATH, callback=input_file)
 @click.option(
     "--model", "model_reference", required=True, help="Checkpoint path or MLflow model URI (models:/spinn@champion)."
 )
@@ -83,11 +83,13 @@ def label(
 
 
 @click.command()
-@click.argument("input_path", metavar="INPUT", type=PATH, required=False)
+@click.argument("input_path", metavar="INPUT", type=PATH, required=False, callback=input_file)
 @renamed_option("--input", "the INPUT argument", "old_input", type=PATH)
 @click.option("--model", "model_reference", required=True, help="A spinn or rl checkpoint, or an MLflow model URI.")
 @click.option("--output", type=PATH, required=True, help="One bracketed tree per line.")
-@click.option("--html", type=PATH, help="Also draw the first trees as SVG in this HTML page.")
+@click.option(
+    "--html", callback=output_with_suffix(".html", ".htm"), help="Also draw the first trees as SVG in this HTML page."
+)
 @field_options(TreesSettings)
 def trees(
     input_path: Path | None,

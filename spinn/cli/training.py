@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from spinn.cli.common import PATH, config_option
+from spinn.cli.common import PATH, config_option, input_file, output_with_suffix
 from spinn.options import field_options, given, renamed_option, resolve
 from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings
@@ -20,6 +20,7 @@ from spinn.training.evaluate import EvaluateSettings
     type=PATH,
     default=Path("data/prepared/train.parquet"),
     show_default=True,
+    callback=input_file,
     help="Prepared training split.",
 )
 @click.option(
@@ -28,9 +29,12 @@ from spinn.training.evaluate import EvaluateSettings
     type=PATH,
     default=Path("data/prepared/dev.parquet"),
     show_default=True,
+    callback=input_file,
     help="Prepared dev split (periodic evaluation, early stopping, model selection).",
 )
-@click.option("--vocab", "vocab_path", type=PATH, help="Vocabulary (default: vocab.json beside --train).")
+@click.option(
+    "--vocab", "vocab_path", type=PATH, callback=input_file, help="Vocabulary (default: vocab.json beside --train)."
+)
 @click.option(
     "--output-dir",
     type=PATH,
@@ -58,7 +62,11 @@ from spinn.training.evaluate import EvaluateSettings
     help="Print a progress line every SECONDS instead of a progress bar (for logs: Prefect, CI, torchrun).",
 )
 @click.option(
-    "--config", "config_path", type=PATH, help="params.yaml whose `train` and `embeddings` sections set the run."
+    "--config",
+    "config_path",
+    type=PATH,
+    callback=input_file,
+    help="params.yaml whose `train` and `embeddings` sections set the run.",
 )
 @click.option(
     "--set",
@@ -129,11 +137,17 @@ def train(
     required=True,
     help="Checkpoint path or MLflow model URI (models:/spinn@champion, runs:/ID/model).",
 )
-@click.option("--data", type=PATH, required=True, help="Prepared split to score.")
-@click.option("--output", type=PATH, default=Path("metrics.json"), show_default=True, help="Metrics JSON.")
-@click.option("--plot", type=PATH, help="Also write the confusion matrix as a PNG here.")
-@click.option("--predictions", type=PATH, help="Also write actual,predicted per pair as CSV here (DVC's plot).")
-@click.option("--vocab", type=PATH, help="Check the model was trained with this vocabulary.")
+@click.option("--data", type=PATH, required=True, callback=input_file, help="Prepared split to score.")
+@click.option(
+    "--output", default="metrics.json", show_default=True, callback=output_with_suffix(".json"), help="Metrics JSON."
+)
+@click.option("--plot", callback=output_with_suffix(".png"), help="Also write the confusion matrix as a PNG here.")
+@click.option(
+    "--predictions",
+    callback=output_with_suffix(".csv"),
+    help="Also write actual,predicted per pair as CSV here (DVC's plot).",
+)
+@click.option("--vocab", type=PATH, callback=input_file, help="Check the model was trained with this vocabulary.")
 @config_option("evaluate")
 @field_options(EvaluateSettings)
 def evaluate(

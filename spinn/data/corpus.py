@@ -9,6 +9,7 @@ bad line never stops the good ones and is never silently lost.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import re
@@ -21,6 +22,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
+from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, check_length, max_chars
 from spinn.data.rejects import RecordProblem, RejectReason
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
@@ -153,12 +155,19 @@ def corpus_lines(stream: IO[bytes], name: str) -> tuple[LineFormat, Iterator[tup
     corpus_format = _corpus_format(name)
     if corpus_format is None:
         raise SpinnError(f"{name}: unknown corpus format; expected .jsonl or .txt (optionally .gz)")
-    lines = enumerate(stream, start=1)
+    lines = _without_bom(enumerate(stream, start=1))
     if corpus_format == "jsonl":
         return LineFormat(None), lines
     first = next(lines, None)
     header = first[1].decode("utf-8", errors="replace").rstrip("\r\n").split(TSV_SEPARATOR) if first else []
     return LineFormat(tuple(header)), lines
+
+
+def _without_bom(lines: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+    """The lines with a UTF-8 byte order mark taken off the first (an editor's "UTF-8 with BOM"), so that
+    first row, valid, is kept as the other readers keep it."""
+    for number, raw in lines:
+        yield number, raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
 
 
 def read_record(raw: bytes, line_format: LineFormat) -> tuple[str, dict[str, Any] | RecordProblem] | None:
@@ -206,8 +215,11 @@ def _tsv_record(text: str, header: tuple[str, ...]) -> dict[str, Any] | RecordPr
 # --------------------------------------------------------------------------- records to pairs
 
 
-def pair_from_record(record: dict[str, Any], line: int, trees: TreeSource) -> Pair | Skip:
-    """Validate one record and build its pair; raise RecordProblem naming the field at fault."""
+def pair_from_record(
+    record: dict[str, Any], line: int, trees: TreeSource, max_tokens: int = DEFAULT_MAX_TOKENS
+) -> Pair | Skip:
+    """Validate one record and build its pair; raise RecordProblem naming the field at fault. A sentence
+    longer than `max_tokens` allows in characters is too_long before its tree is read."""
     label = _required_text(record, LABEL_FIELD)
     if label == NO_CONSENSUS_LABEL:
         return Skip(line)
@@ -219,8 +231,10 @@ def pair_from_record(record: dict[str, Any], line: int, trees: TreeSource) -> Pa
         )
     pair_id = _required_text(record, ID_FIELD)
     premise, hypothesis = (_required_text(record, field) for field in SENTENCES)
-    premise_tokens, premise_transitions = sentence_transitions(record, SENTENCES[0], trees)
-    hypothesis_tokens, hypothesis_transitions = sentence_transitions(record, SENTENCES[1], trees)
+    for field, text in zip(SENTENCES, (premise, hypothesis), strict=True):
+        check_length(text, field, max_chars(max_tokens))
+    premise_tokens, premise_transitions = sentence_transitions(record, SENTENCES[0], trees, max_tokens)
+    hypothesis_tokens, hypothesis_transitions = sentence_transitions(record, SENTENCES[1], trees, max_tokens)
     return Pair(
         pair_id,
         label,
@@ -245,7 +259,9 @@ def _required_text(record: dict[str, Any], field: str) -> str:
     return value
 
 
-def sentence_transitions(record: dict[str, Any], sentence: str, trees: TreeSource) -> tuple[list[str], list[int]]:
+def sentence_transitions(
+    record: dict[str, Any], sentence: str, trees: TreeSource, max_tokens: int = DEFAULT_MAX_TOKENS
+) -> tuple[list[str], list[int]]:
     """Tokens and transitions of one sentence, from the bracketing `trees` selects.
 
     When the record carries both bracketings, their words must agree: a parse
@@ -262,6 +278,7 @@ def sentence_transitions(record: dict[str, Any], sentence: str, trees: TreeSourc
         raise RecordProblem(
             RejectReason.INVALID_FIELD, field, f"field {field!r} is a {type(text).__name__}, expected a string"
         )
+    check_length(text, field, max_chars(max_tokens) * PARSE_CHARS_PER_CHAR)
     tokens, transitions = _read_tree(text, field, binary=bool(use_binary))
     twin_field, twin = (nary_field, nary) if use_binary else (binary_field, binary)
     if isinstance(twin, str) and twin:

@@ -22,7 +22,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from spinn.data.fetch import CHUNK_SIZE, Checksum, DownloadError, ensure_archive
-from spinn.io import atomic_path
+from spinn.io import atomic_path, plain_file_name, publishing
 from spinn.settings import Settings, env_default
 
 DEFAULT_RAW_DIR = Path("data/raw")
@@ -155,10 +155,10 @@ def download_corpus(
         raise DownloadError(f"{corpus.filename}: give a mirror URL or a local file, not both")
     expected = Checksum.parse(checksum) if checksum is not None else corpus.checksum
     raw_dir = Path(raw_dir)
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    archive = raw_dir / (archive or corpus.filename)
-    fetched = ensure_archive(archive, expected, url=url or corpus.url, file=file, progress=progress)
-    members = extract_once(archive, raw_dir, expected) if extract else 0
+    archive = raw_dir / plain_file_name(archive or corpus.filename, "archive")
+    with publishing((archive,), inputs=(file,) if file is not None else ()):
+        fetched = ensure_archive(archive, expected, url=url or corpus.url, file=file, progress=progress)
+        members = extract_once(archive, raw_dir, expected) if extract else 0
     return DownloadResult(archive=archive, extracted_to=raw_dir, fetched=fetched, members=members)
 
 

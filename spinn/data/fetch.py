@@ -24,7 +24,7 @@ import requests
 import urllib3
 from tqdm import tqdm
 
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, redact
 from spinn.io import file_digest
 
 CHUNK_SIZE = 1 << 20
@@ -56,7 +56,7 @@ class DownloadError(SpinnError):
 
     def __init__(self, message: str, *, retryable: bool = False, fix: tuple[str, str] | None = None) -> None:
         """Collapse any whitespace run so messages quoting server text stay one line."""
-        super().__init__(" ".join(message.split()), fix=fix)
+        super().__init__(redact(" ".join(message.split())), fix=fix)
         self.retryable = retryable
 
 

@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
+from spinn.children import exit_with_parent
 from spinn.data.corpus import (
     ID_FIELD,
     LineFormat,
@@ -40,10 +41,11 @@ from spinn.data.corpus import (
     pair_from_record,
     read_record,
 )
+from spinn.data.limits import DEFAULT_MAX_TOKENS
 from spinn.data.rejects import RecordProblem, Reject, RejectReason
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.errors import SpinnError
-from spinn.io import atomic_paths, publish, tidy_folder
+from spinn.io import atomic_paths, plain_file_name, publish, publishing, tidy_folder
 from spinn.settings import Settings
 
 DEFAULT_MAX_REJECT_RATIO = 0.01
@@ -56,6 +58,8 @@ CHUNKS_IN_FLIGHT_PER_WORKER = 2
 """Bounded read-ahead, so memory stays flat however large the corpus is."""
 MAX_DEFAULT_WORKERS = 4
 """Past this the single reader/writer process, not parsing, is the bottleneck."""
+PARQUET_SUFFIX, REJECTS_SUFFIX = ".parquet", ".rejects.jsonl"
+"""A prepared split is two files: `<split>.parquet` and `<split>.rejects.jsonl`, published together."""
 _SPLIT_NAME = re.compile(r"(?:^|[_.-])((?:train|dev|test|validation)(?:[_-]\w+)?)$")
 _CORPUS_SUFFIXES = (".gz", ".jsonl", ".json", ".txt", ".tsv")
 
@@ -91,6 +95,21 @@ class PrepareSummary:
         if self.rejected_total:
             lines.append(f"rejects listed in {self.rejects}")
         return lines
+
+
+def prepared_files(folder: Path, split: str) -> tuple[Path, Path]:
+    """The two files of a prepared split: its Parquet file and its rejects file."""
+    return Path(folder) / f"{split}{PARQUET_SUFFIX}", Path(folder) / f"{split}{REJECTS_SUFFIX}"
+
+
+def with_partner(path: Path) -> tuple[Path, ...]:
+    """An input and, when it is one file of a prepared split, the other: a stage reading one must not replace
+    either (the rejects file of a split is part of what its Parquet file means)."""
+    path = Path(path)
+    for suffix in (REJECTS_SUFFIX, PARQUET_SUFFIX):
+        if path.name.endswith(suffix):
+            return (path, *prepared_files(path.parent, path.name.removesuffix(suffix)))
+    return (path,)
 
 
 def infer_split(name: str) -> str:
@@ -165,6 +184,9 @@ class PrepareSettings(Settings):
     """Tree source: the corpus's binary parse, or its n-ary parse through our binarizer (auto: binary if present)."""
     workers: int | None = Field(None, ge=1)
     """Parsing processes (default: the CPU count, at most 4); the output is the same for any number."""
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
+    """A sentence longer than this many tokens allows in characters (spinn.data.limits) is rejected as
+    too_long before its tree is read."""
     splits: dict[str, str] | None = None
     """Split -> file in the archive (default: the corpus's train, dev and test files)."""
 
@@ -174,6 +196,11 @@ class PrepareSettings(Settings):
         missing = sorted(set(PIPELINE_SPLITS) - set(splits or PIPELINE_SPLITS))
         if missing:
             raise ValueError(f"splits must name {', '.join(PIPELINE_SPLITS)}; missing {missing}")
+        for split in splits or {}:  # each becomes a file name: refused here, before any stage or flow runs
+            try:
+                plain_file_name(split)
+            except SpinnError as error:
+                raise ValueError(str(error)) from None
         return splits
 
 
@@ -198,10 +225,15 @@ def prepare(
     with open_corpus(input_path, member) as (stream, name):
         source = f"{input_path}:{name}" if name != input_path.name else str(input_path)
         split = split or infer_split(name)
-        summary = PrepareSummary(source, split, output_dir / f"{split}.parquet", output_dir / f"{split}.rejects.jsonl")
+        summary = PrepareSummary(source, split, *prepared_files(output_dir, split))
         line_format, lines = corpus_lines(stream, name)
-        convert = partial(convert_chunk, line_format=line_format, source=source, trees=trees)
-        with atomic_paths(summary.output, summary.rejects) as (parquet_tmp, rejects_tmp):
+        convert = partial(
+            convert_chunk, line_format=line_format, source=source, trees=trees, max_tokens=settings.max_tokens
+        )
+        with (
+            publishing((summary.output, summary.rejects), inputs=with_partner(input_path), names=(split,)),
+            atomic_paths(summary.output, summary.rejects) as (parquet_tmp, rejects_tmp),
+        ):
             results = _run_chunks(convert, _chunks(lines), workers or default_workers())
             _write_results(results, parquet_tmp, rejects_tmp, summary, trees)
             _check_reject_ratio(summary, settings.max_reject_ratio, rejects_tmp)
@@ -223,7 +255,7 @@ def _run_chunks(convert, chunks: Iterable[Chunk], workers: int) -> Iterator[tupl
     Each result comes with its chunk, whose raw lines a reject found after conversion quotes.
 
     Worker processes are spawned, not forked, so a caller with threads (a
-    Prefect task runner, say) is safe.
+    Prefect task runner, say) is safe; they end with this process, even when it is killed.
     """
     chunks = iter(chunks)
     first_two = list(islice(chunks, 2))
@@ -231,7 +263,8 @@ def _run_chunks(convert, chunks: Iterable[Chunk], workers: int) -> Iterator[tupl
         yield from ((chunk, convert(chunk)) for chunk in chain(first_two, chunks))
         return
     chunks = chain(first_two, chunks)
-    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+    spawn = get_context("spawn")
+    with ProcessPoolExecutor(workers, mp_context=spawn, initializer=exit_with_parent, initargs=(os.getpid(),)) as pool:
         pending: deque[tuple[Chunk, Future[ChunkResult]]] = deque()
         for chunk in chunks:
             pending.append((chunk, pool.submit(convert, chunk)))
@@ -244,7 +277,7 @@ def _run_chunks(convert, chunks: Iterable[Chunk], workers: int) -> Iterator[tupl
 
 
 def convert_chunk(
-    chunk: list[tuple[int, bytes]], *, line_format: LineFormat, source: str, trees: TreeSource
+    chunk: list[tuple[int, bytes]], *, line_format: LineFormat, source: str, trees: TreeSource, max_tokens: int
 ) -> ChunkResult:
     """Turn raw lines into a table of pairs plus the rejects; runs in a worker process."""
     columns: dict[str, list] = {f.name: [] for f in PAIR_FIELDS}
@@ -255,7 +288,7 @@ def convert_chunk(
         if record is None:
             continue
         read += 1
-        outcome = _convert(record[1], line, record[0], source, trees)
+        outcome = _convert(record[1], line, record[0], source, trees, max_tokens)
         if isinstance(outcome, Pair):
             for name, values in columns.items():
                 values.append(getattr(outcome, name))
@@ -335,12 +368,12 @@ def _check_reject_ratio(summary: PrepareSummary, max_reject_ratio: float, reject
         )
 
 
-def _convert(record, line: int, raw: str, source: str, trees: TreeSource) -> Pair | Skip | Reject:
+def _convert(record, line: int, raw: str, source: str, trees: TreeSource, max_tokens: int) -> Pair | Skip | Reject:
     """One line's outcome: its pair, a skip, or the reject that says why."""
     problem = record if isinstance(record, RecordProblem) else None
     if problem is None:
         try:
-            return pair_from_record(record, line, trees)
+            return pair_from_record(record, line, trees, max_tokens)
         except RecordProblem as raised:
             problem = raised
     return Reject(source, line, problem.reason, problem.field, str(problem), raw)

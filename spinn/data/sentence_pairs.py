@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from spinn.data.limits import DEFAULT_MAX_TOKENS, check_length, max_chars
 from spinn.data.rejects import RecordProblem, Reject, RejectReason
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
@@ -54,6 +55,16 @@ TEXT_FORMATS = ("csv", "tsv", "jsonl")  # the formats that may also come gzipped
 GZIP_SUFFIX = ".gz"
 GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by content, whatever the file's name
 UTF8_BOM = b"\xef\xbb\xbf"
+PARQUET_MAGIC = b"PAR1"
+WIDE_TEXT_BOMS = {
+    b"\xff\xfe\x00\x00": "UTF-32",
+    b"\x00\x00\xfe\xff": "UTF-32",
+    b"\xff\xfe": "UTF-16",
+    b"\xfe\xff": "UTF-16",
+}
+"""Byte order marks of the wide encodings a spreadsheet may save as "Unicode text" (longest first)."""
+SNIFF_BYTES = 4096
+"""How much of a text file is looked at to tell its kind: enough to hold several rows of any export."""
 
 PREMISE_COLUMNS = ("premise", "sentence1")
 HYPOTHESIS_COLUMNS = ("hypothesis", "sentence2")
@@ -150,15 +161,18 @@ def detect_format(path: Path, fmt: str | None = None) -> str:
 
 
 def read_input_pairs(
-    path: Path, columns: Columns | None = None, fmt: str | None = None
+    path: Path, columns: Columns | None = None, fmt: str | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS
 ) -> Iterator[InputPair | Reject]:
-    """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now."""
+    """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now.
+    A sentence longer than `max_tokens` allows in characters is rejected as too_long, before any tokenizer."""
     path, columns = Path(path), columns or Columns()
     if not path.is_file():
         raise SpinnError(f"{path}: no such file")
-    reader = _READERS[detect_format(path, fmt)]
+    detected = detect_format(path, fmt)
+    _check_content(path, detected)
+    reader = _READERS[detected]
     resolved = resolve_columns(reader.available(path), columns, path)
-    return _validated(path, resolved, reader.rows(path, resolved))
+    return _validated(path, resolved, reader.rows(path, resolved), max_chars(max_tokens))
 
 
 def resolve_columns(available: Sequence[str], columns: Columns, path: Path) -> Columns:
@@ -186,22 +200,42 @@ def _find_column(
     return found
 
 
+def _check_content(path: Path, fmt: str) -> None:
+    """Refuse a file whose bytes are not what its name says: Parquet named .csv, or text in UTF-16 or
+    UTF-32 (a spreadsheet's "Unicode text"), which the text readers would take apart byte by byte and
+    reject row by row, or fail on with csv's unrelated hint about newline modes."""
+    if fmt not in TEXT_FORMATS:
+        return
+    try:
+        with _open_bytes(path) as stream:
+            start = stream.read(SNIFF_BYTES)
+    except _READ_ERRORS as error:
+        raise SpinnError(f"{path}: cannot read: {error}") from None
+    if start.startswith(PARQUET_MAGIC):
+        raise SpinnError(f"{path}: is a Parquet file, not {fmt}; name it .parquet")
+    encoding = next((name for bom, name in WIDE_TEXT_BOMS.items() if start.startswith(bom)), None)
+    if encoding is not None:
+        raise SpinnError(f"{path}: is {encoding} text; save it as UTF-8")
+    if b"\x00" in start:
+        raise SpinnError(f"{path}: holds NUL bytes: UTF-16 or UTF-32 text without a BOM, or no text; save it as UTF-8")
+
+
 # --------------------------------------------------------------------------- validating rows
 
 
-def _validated(path: Path, columns: Columns, rows: Iterator[_Row]) -> Iterator[InputPair | Reject]:
+def _validated(path: Path, columns: Columns, rows: Iterator[_Row], limit: int) -> Iterator[InputPair | Reject]:
     seen: set[str] = set()
     for row in rows:
-        yield _pair_or_reject(path, columns, row, seen)
+        yield _pair_or_reject(path, columns, row, seen, limit)
 
 
-def _pair_or_reject(path: Path, columns: Columns, row: _Row, seen: set[str]) -> InputPair | Reject:
+def _pair_or_reject(path: Path, columns: Columns, row: _Row, seen: set[str], limit: int) -> InputPair | Reject:
     """Validate one row; the first problem found becomes its Reject. Only kept pairs claim their id."""
     try:
         if isinstance(row.values, RecordProblem):
             raise row.values
-        premise = _sentence(row.values, columns.premise)
-        hypothesis = _sentence(row.values, columns.hypothesis)
+        premise = _sentence(row.values, columns.premise, limit)
+        hypothesis = _sentence(row.values, columns.hypothesis, limit)
         label = _label(row.values, columns.label)
         pair_id = _pair_id(row.values, columns.id, row.row)
         if pair_id in seen:
@@ -225,10 +259,11 @@ def _invalid(column: str, value: Any, expected: str) -> RecordProblem:
     )
 
 
-def _sentence(values: Mapping[str, Any], column: str) -> str:
+def _sentence(values: Mapping[str, Any], column: str, limit: int) -> str:
     value = _present(values, column)
     if not isinstance(value, str):
         raise _invalid(column, value, "a string")
+    check_length(value, column, limit)
     sentence = value.strip()
     if not sentence:
         raise RecordProblem(RejectReason.EMPTY_SENTENCE, column, f"field {column!r} is empty")

@@ -19,9 +19,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
+from spinn.data.prepare import with_partner
 from spinn.data.schema import read_pairs
 from spinn.errors import SpinnError, SpinnWarning
-from spinn.io import atomic_path
+from spinn.io import atomic_path, publishing
 from spinn.settings import Settings
 
 PAD = "<pad>"
@@ -149,10 +150,12 @@ def vocab_stage(
 ) -> tuple[Vocabulary, Path]:
     """Build the vocabulary of a prepared split and save it (default: vocab.json beside it)."""
     train, settings = Path(train), settings or VocabSettings()
-    vocabulary = build_vocabulary(
-        train, lowercase=settings.lowercase, min_freq=settings.min_freq, max_size=settings.max_size
-    )
-    return vocabulary, vocabulary.save(output or train.parent / VOCAB_FILENAME)
+    output = Path(output or train.parent / VOCAB_FILENAME)
+    with publishing((output,), inputs=with_partner(train)):
+        vocabulary = build_vocabulary(
+            train, lowercase=settings.lowercase, min_freq=settings.min_freq, max_size=settings.max_size
+        )
+        return vocabulary, vocabulary.save(output)
 
 
 def unknown_count(sentences: Iterable[Sequence[int]]) -> tuple[int, int]:

@@ -20,11 +20,11 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import Field
 
-from spinn.data.prepare import PairWriter, PrepareSummary, infer_split
+from spinn.data.prepare import PairWriter, PrepareSummary, infer_split, prepared_files, with_partner
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.schema import pair_schema
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
-from spinn.io import atomic_paths
+from spinn.io import atomic_paths, publishing
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed
 from spinn.parsing.settings import ParserSettings
@@ -120,35 +120,39 @@ def parse_pairs(
     trees, columns, input_format = settings.trees, settings.columns, settings.input_format
     input_path, output_dir = Path(input_path), Path(output_dir)
     split = split or infer_split(input_path.name)
-    summary = PrepareSummary(
-        str(input_path), split, output_dir / f"{split}.parquet", output_dir / f"{split}.rejects.jsonl"
-    )
-    own_parser = parser is None
-    parsing = settings.parsing
-    parser = parser or _own_parser(trees, parsing)
-    try:
-        output_dir.mkdir(parents=True, exist_ok=True)
-        with (
-            atomic_paths(summary.output, summary.rejects) as (parquet_tmp, rejects_tmp),
-            rejects_tmp.open("w", encoding="utf-8") as rejects,
-        ):
-            schema = pair_schema(
-                source=str(input_path), trees=TREES_NONE if trees == TREES_NONE else f"stanza:{parser.model_id}"
-            )
-            writer = PairWriter(parquet_tmp, schema)
-            for chunk in _chunks(read_input_pairs(input_path, columns, input_format)):
-                table = _parse_chunk(chunk, parser, str(input_path), summary, rejects)
-                writer.add(table.replace_schema_metadata(schema.metadata))
-            writer.close()
-    finally:
-        if own_parser:
-            parser.close()
+    summary = PrepareSummary(str(input_path), split, *prepared_files(output_dir, split))
+    outputs = (summary.output, summary.rejects)
+    max_tokens = settings.parsing.max_tokens
+    pairs = read_input_pairs(input_path, columns, input_format, max_tokens=max_tokens)  # whole-file problems: now
+    with publishing(outputs, inputs=with_partner(input_path), names=(split,)):
+        own_parser = parser is None
+        parser = parser or _own_parser(trees, settings.parsing)
+        try:
+            _write(pairs, parser, summary, trees)
+        finally:
+            if own_parser:
+                parser.close()
     return summary
 
 
 def _own_parser(trees: str, parsing: ParserSettings) -> Parser:
     """The parser a call without one gets: Stanza, or tokens only for trees="none"."""
     return TokenOnly(parsing.max_tokens) if trees == TREES_NONE else SentenceParser(parsing)
+
+
+def _write(pairs: Iterator[InputPair | Reject], parser: Parser, summary: PrepareSummary, trees: str) -> None:
+    """Parse the pairs chunk by chunk into the split's two files, published together."""
+    with (
+        atomic_paths(summary.output, summary.rejects) as (parquet_tmp, rejects_tmp),
+        rejects_tmp.open("w", encoding="utf-8") as rejects,
+    ):
+        source = summary.source
+        schema = pair_schema(source=source, trees=TREES_NONE if trees == TREES_NONE else f"stanza:{parser.model_id}")
+        writer = PairWriter(parquet_tmp, schema)
+        for chunk in _chunks(pairs):
+            table = _parse_chunk(chunk, parser, source, summary, rejects)
+            writer.add(table.replace_schema_metadata(schema.metadata))
+        writer.close()
 
 
 def _chunks(items: Iterator[InputPair | Reject]) -> Iterator[list[InputPair | Reject]]:

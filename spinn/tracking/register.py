@@ -12,13 +12,23 @@ under the store's file lock, so two models registered at the same instant
 end with the better one as champion. After setting the alias it is read
 back, and set again while a worse model holds it (a writer outside the lock
 may have moved it meanwhile).
+
+A model that is not finite is never registered: a NaN weight or a NaN dev
+accuracy (a diverged run) is refused in one line before the registry is
+touched, so it can never become the champion that labels with NaN.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+import torch
+
+from spinn.errors import SpinnError
 from spinn.io import file_digest
 from spinn.tracking import store as tracking
 
@@ -81,6 +91,7 @@ def register_model(
     tags: dict[str, str] | None = None,
 ) -> Registration:
     """Register the run's `model/` folder once per checkpoint; move `alias` if it beats the champion on dev."""
+    check_finite(Path(checkpoint), dev_accuracy)
     digest = file_digest(Path(checkpoint), "sha256")
     with tracking.store_lock():
         champion = tracking.alias_metric(name, alias, SELECTION_METRIC)
@@ -92,6 +103,31 @@ def register_model(
         version = tracking.register(name, run_id, version_tags, description=description)
         promoted = _promote(name, alias, version, dev_accuracy)
     return Registration(name, version, alias, promoted, promoted, True, champion)
+
+
+def check_finite(checkpoint: Path, dev_accuracy: float) -> None:
+    """Refuse, in one line, a model whose dev accuracy or any floating-point tensor is NaN or infinite."""
+    if not math.isfinite(dev_accuracy):
+        raise SpinnError(f"{checkpoint}: dev accuracy {dev_accuracy} is not finite; the model is not registered")
+    try:
+        contents = torch.load(checkpoint, map_location="cpu", weights_only=True)
+    except Exception as error:  # torch raises many types for unreadable files
+        raise SpinnError(f"{checkpoint}: not a readable checkpoint ({type(error).__name__})") from None
+    for name, tensor in _tensors(contents):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            raise SpinnError(f"{checkpoint}: {name} holds NaN or infinite values; the model is not registered")
+
+
+def _tensors(value: Any, prefix: str = "") -> Iterator[tuple[str, torch.Tensor]]:
+    """(dotted name, tensor) of every tensor in a checkpoint's nested dicts and lists."""
+    if isinstance(value, torch.Tensor):
+        yield prefix or "tensor", value
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            yield from _tensors(item, f"{prefix}.{key}" if prefix else str(key))
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            yield from _tensors(item, f"{prefix}[{index}]")
 
 
 def _promote(name: str, alias: str, version: str, dev_accuracy: float) -> bool:

@@ -12,21 +12,29 @@ sqlite store, else in SPINN_LOCK_DIR). A process opens the store under it
 once, so that two runs meeting a fresh store do not both create and migrate
 its tables (MLflow 3.17's SqlAlchemyStore does that unlocked, and two at once
 break the store for good); registration holds it around read-compare-set.
+
+A fresh sqlite store is built on a temporary file and moved into place only
+when its tables are complete, so a run killed while MLflow migrates (20 s
+under load) leaves no half-made store behind. One such store left by an
+earlier release (its schema short of MLflow's head, and nothing in it) is
+rebuilt the same way, under the lock; a store holding runs is never touched.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import sqlite3
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
 from spinn.errors import SpinnError
+from spinn.io import atomic_path, tidy_folder
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MODEL_ARTIFACT_DIR = "model"
@@ -81,10 +89,54 @@ def _open_store(mlflow, uri: str) -> None:
     Both stores MLflow builds on one database (tracking and registry) are
     built here, and cached by MLflow for the rest of the process."""
     database = _sqlite_file(uri)
-    with store_lock(required=database is None or not database.exists()):
-        client = mlflow.MlflowClient(uri)
-        client.search_experiments(max_results=1)
-        client.search_registered_models(max_results=1)
+    with store_lock(required=database is None or _needs_building(database)):
+        if database is not None and _needs_building(database):
+            _build_sqlite_store(mlflow, database)
+        _create_tables(mlflow, uri)
+
+
+def _create_tables(mlflow, uri: str) -> None:
+    """Open both stores MLflow builds on one database, which creates or migrates their tables."""
+    client = mlflow.MlflowClient(uri)
+    client.search_experiments(max_results=1)
+    client.search_registered_models(max_results=1)
+
+
+def _build_sqlite_store(mlflow, database: Path) -> None:
+    """Create the store's tables on a temporary file beside `database`, then move it into place: killed at
+    any point, the store is either absent or complete. Temporaries of killed builds go first."""
+    tidy_folder(database.parent)
+    with atomic_path(database) as temporary:
+        _create_tables(mlflow, SQLITE_PREFIX + str(temporary.resolve()))
+
+
+def _needs_building(database: Path) -> bool:
+    """Whether a sqlite store is absent, or half made: its schema short of MLflow's head with no run and no
+    registered model in it (what a killed first run of an earlier release left). A store with content, or
+    a file that is no sqlite database, is left to MLflow and its own messages."""
+    if not database.exists():
+        return True
+    try:
+        with closing(sqlite3.connect(f"file:{database}?mode=ro", uri=True)) as db:
+            tables = {name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "alembic_version" in tables:
+                if db.execute("SELECT version_num FROM alembic_version").fetchall() == [(_schema_head(),)]:
+                    return False
+            return not any(db.execute(f"SELECT 1 FROM {table} LIMIT 1").fetchall() for table in _CONTENT & tables)
+    except sqlite3.Error:
+        return False
+
+
+_CONTENT = frozenset({"runs", "registered_models"})
+"""The tables whose rows are work someone did: a store holding any is never rebuilt."""
+
+
+@cache
+def _schema_head() -> str:
+    """The schema revision MLflow's migrations end at (a private helper: MLflow has no public one)."""
+    from mlflow.store.db.utils import _get_latest_schema_revision
+
+    return _get_latest_schema_revision()
 
 
 def _sqlite_file(uri: str) -> Path | None:

@@ -1,0 +1,147 @@
+"""Issue 22, classes 6 and 3: every mistake on a command line or in params.yaml is one `error:` line and exit status 1,
+said before any work, for every command that can make it; a setting that must be finite (every float) and
+is given as inf or NaN is one of them.
+
+The commands run in-process with click's runner on tiny files that exist but are never read: each case fails
+while the command line or its settings are read, so nothing else runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from spinn.cli import EXIT_USER_ERROR, main
+
+Arguments = Callable[[Path], list[str]]
+INPUTS: dict[str, Arguments] = {
+    "download": lambda d: ["snli", "--raw-dir", str(d / "raw")],
+    "prepare": lambda d: [str(d / "dev.jsonl"), "--output-dir", str(d / "out")],
+    "vocab": lambda d: [str(d / "train.parquet"), "--output", str(d / "out" / "vocab.json")],
+    "embeddings": lambda d: ["--vocab", str(d / "vocab.json"), "--cache-dir", str(d / "out")],
+    "check-binarization": lambda d: [str(d / "dev.jsonl")],
+    "train": lambda d: ["--train", str(d / "train.parquet"), "--dev", str(d / "dev.parquet")],
+    "evaluate": lambda d: ["--model", str(d / "m.pt"), "--data", str(d / "dev.parquet")],
+    "parse": lambda d: [str(d / "pairs.csv"), "--output-dir", str(d / "out")],
+    "label": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--output", str(d / "out.parquet")],
+    "trees": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--output", str(d / "trees.txt")],
+    "bench-label": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt")],
+}
+"""Each command with inputs that exist (made by `inputs`): the case under test adds the one mistake."""
+MISSING_INPUT = {
+    "prepare": "dev.jsonl",
+    "vocab": "train.parquet",
+    "embeddings": "vocab.json",
+    "check-binarization": "dev.jsonl",
+    "train": "dev.parquet",
+    "evaluate": "dev.parquet",
+    "parse": "pairs.csv",
+    "label": "pairs.csv",
+    "trees": "pairs.csv",
+    "bench-label": "pairs.csv",
+}
+"""The input file each command reads (download reads none it can be given as an argument)."""
+WITH_CONFIG = ("download", "prepare", "vocab", "embeddings", "train", "evaluate")
+"""The commands that read a params file (`--config`)."""
+INPUT_NAMES = ("dev.jsonl", "train.parquet", "dev.parquet", "vocab.json", "m.pt", "pairs.csv")
+
+
+def inputs(folder: Path) -> Path:
+    for name in INPUT_NAMES:
+        (folder / name).write_bytes(b"")
+    return folder
+
+
+def params(folder: Path, data: bytes) -> Path:
+    path = folder / "params.yaml"
+    path.write_bytes(data)
+    return path
+
+
+def rewritten(name: str, data: bytes) -> Arguments:
+    """A mistake in the input itself: `name` rewritten with `data`, no argument added."""
+
+    def write(folder: Path) -> list[str]:
+        (folder / name).write_bytes(data)
+        return []
+
+    return write
+
+
+def parquet_bytes() -> bytes:
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"premise": ["A dog runs."], "hypothesis": ["An animal moves."]}), sink)
+    return sink.getvalue()
+
+
+def bad_config(make: Callable[[Path], Path], expected: str):
+    """A case: each --config command given the params file `make` writes."""
+    return [
+        pytest.param(command, lambda d, make=make: ["--config", str(make(d))], expected, id=f"{command}-{expected}")
+        for command in WITH_CONFIG
+    ]
+
+
+CASES = [
+    *[pytest.param(command, None, "no such file", id=f"{command}-missing-input") for command in MISSING_INPUT],
+    *bad_config(lambda d: params(d, "train:\n  seed: 1  # é\n".encode("utf-16")), "not UTF-8"),
+    *bad_config(lambda d: d, "is a folder"),
+    *bad_config(lambda d: params(d, b"trian:\n  seed: 1\n"), "unknown section 'trian'"),
+    pytest.param(
+        "prepare",
+        lambda d: ["--config", str(params(d, b"prepare:\n  splits: {train: a, dev: b, test: c, ../x: d}\n"))],
+        "not a plain file name",
+        id="prepare-split-in-params",
+    ),
+    pytest.param("train", lambda d: ["--set", "max_steps=[1"], "not valid YAML", id="train-set-not-yaml"),
+    pytest.param("train", lambda d: ["--set", "max_epochs=true"], "must be a number, not true", id="train-bool"),
+    pytest.param(
+        "train",
+        lambda d: ["--config", str(params(d, b"train:\n  max_epochs: true\n"))],
+        "must be a number, not true",
+        id="train-bool-in-params",
+    ),
+    pytest.param("train", lambda d: ["--learning-rate", "inf"], "finite number", id="train-inf-option"),
+    pytest.param("train", lambda d: ["--set", "learning_rate=nan"], "finite number", id="train-nan-set"),
+    pytest.param(
+        "train",
+        lambda d: ["--config", str(params(d, b"train:\n  learning_rate: .inf\n"))],
+        "finite number",
+        id="train-inf-in-params",
+    ),
+    pytest.param("prepare", lambda d: ["--max-reject-ratio", "nan"], "finite number", id="prepare-nan-option"),
+    pytest.param("evaluate", lambda d: ["--plot", str(d / "m.pt")], "--plot writes .png", id="evaluate-plot"),
+    pytest.param("evaluate", lambda d: ["--output", str(d / "m.csv")], "--output writes .json", id="evaluate-output"),
+    pytest.param(
+        "parse",
+        rewritten("pairs.csv", "premise,hypothesis\nA dog runs.,An animal moves.\n".encode("utf-16")),
+        "is UTF-16 text; save it as UTF-8",
+        id="parse-utf16-csv",
+    ),
+    pytest.param(
+        "parse", rewritten("pairs.csv", parquet_bytes()), "is a Parquet file, not csv", id="parse-parquet-named-csv"
+    ),
+    pytest.param("trees", lambda d: ["--html", str(d / "t.txt")], "--html writes .html", id="trees-html"),
+]
+
+
+@pytest.mark.parametrize(("command", "mistake", "expected"), CASES)
+def test_a_front_end_mistake_is_one_error_line_before_any_work(command, mistake, expected, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a command that went on would write its default folders here, not in the checkout
+    folder = inputs(tmp_path)
+    if mistake is None:
+        (folder / MISSING_INPUT[command]).unlink()
+    arguments = [command, *INPUTS[command](folder), *(mistake(folder) if mistake else [])]
+    result = CliRunner().invoke(main, arguments)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == EXIT_USER_ERROR, (result.output, result.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
+    assert not {"out", "raw", "data"} & {path.name for path in folder.iterdir()}

@@ -1,0 +1,130 @@
+"""Issue 22, classes 1 and 2: no command destroys its input, and every publishing command holds its outputs'
+locks (spinn.io.publishing), checked over every command that publishes through it.
+
+Each case runs the command in-process on a file holding bytes no stage could write, then checks the one
+`error:` line, exit status 1, and that the input still holds those bytes. label, train and evaluate take the
+same rule after the merge of their split modules (see the issue's note).
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from spinn.cli import EXIT_USER_ERROR, main
+from spinn.io import publishing
+
+PRECIOUS = b"precious: no stage writes this\n"
+Case = Callable[[Path], list[str]]
+SAME_FILE: dict[str, Case] = {
+    "prepare-into-its-rejects": lambda d: [
+        "prepare",
+        str(d / "x.rejects.jsonl"),
+        "--output-dir",
+        str(d),
+        "--split",
+        "x",
+    ],
+    "parse-onto-itself": lambda d: ["parse", str(d / "s.parquet"), "--output-dir", str(d), "--split", "s"],
+    "vocab-onto-itself": lambda d: ["vocab", str(d / "s.parquet"), "--output", str(d / "s.parquet")],
+    "vocab-onto-its-rejects": lambda d: ["vocab", str(d / "s.parquet"), "--output", str(d / "s.rejects.jsonl")],
+    "download-onto-its-copy": lambda d: ["download", "--raw-dir", str(d), "--file", str(d / "snli_1.0.zip")],
+    "embeddings-onto-its-vocab": lambda d: [
+        "embeddings",
+        "--vocab",
+        str(d / "v.json"),
+        "--cache-dir",
+        str(d / "v.json"),
+    ],
+}
+"""Each publishing command told to write over what it reads (or the file that belongs with it)."""
+NOT_A_FILE_NAME: dict[str, Case] = {
+    "prepare-split-outside": lambda d: ["prepare", str(d / "x.jsonl"), "--output-dir", str(d / "o"), "--split", "../x"],
+    "parse-split-outside": lambda d: ["parse", str(d / "x.jsonl"), "--output-dir", str(d / "o"), "--split", "../../x"],
+    "prepare-split-dot-dot": lambda d: ["prepare", str(d / "x.jsonl"), "--output-dir", str(d / "o"), "--split", ".."],
+    "download-archive-outside": lambda d: ["download", "--raw-dir", str(d / "o"), "--archive", "../x.zip"],
+}
+BUSY: dict[str, tuple[Case, Callable[[Path], Path]]] = {
+    "prepare": (
+        lambda d: ["prepare", str(d / "x.jsonl"), "--output-dir", str(d / "o")],
+        lambda d: d / "o" / "x.parquet",
+    ),
+    "parse": (
+        lambda d: ["parse", str(d / "x.jsonl"), "--output-dir", str(d / "o")],
+        lambda d: d / "o" / "x.rejects.jsonl",
+    ),
+    "vocab": (
+        lambda d: ["vocab", str(d / "s.parquet"), "--output", str(d / "o" / "v.json")],
+        lambda d: d / "o" / "v.json",
+    ),
+    "download": (
+        lambda d: ["download", "--raw-dir", str(d / "o"), "--file", str(d / "c.zip")],
+        lambda d: d / "o" / "snli_1.0.zip",
+    ),
+    "embeddings": (
+        lambda d: ["embeddings", "--vocab", str(d / "v.json"), "--cache-dir", str(d / "o")],
+        lambda d: d / "o",
+    ),
+}
+"""Each publishing command, and one of its outputs another run is writing."""
+INPUTS = ("x.rejects.jsonl", "x.jsonl", "x.csv", "s.parquet", "s.rejects.jsonl", "snli_1.0.zip", "c.zip", "v.json")
+
+
+def pairs_parquet() -> bytes:
+    sink = io.BytesIO()
+    pq.write_table(pa.table({"premise": ["A dog runs."], "hypothesis": ["An animal moves."]}), sink)
+    return sink.getvalue()
+
+
+def precious_inputs(folder: Path) -> dict[Path, bytes]:
+    """The inputs, readable where a stage reads its input before its outputs are checked (parse's header)."""
+    pair = b'{"premise": "A dog runs.", "hypothesis": "An animal moves."}\n'
+    readable = {"x.jsonl": pair, "s.parquet": pairs_parquet()}
+    for name in INPUTS:
+        (folder / name).write_bytes(readable.get(name, PRECIOUS))
+    return {path: path.read_bytes() for path in folder.iterdir()}
+
+
+def refused(arguments: list[str], folder: Path, before: dict[Path, bytes], expected: str) -> None:
+    result = CliRunner().invoke(main, arguments)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == EXIT_USER_ERROR, (result.output, result.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
+    assert {path: path.read_bytes() for path in before} == before
+    assert not (folder.parent / "x.parquet").exists() and not (folder / "o" / "x.parquet").exists()
+
+
+@pytest.mark.parametrize("case", SAME_FILE)
+def test_an_output_that_is_an_input_is_refused_before_any_work(case, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "d"
+    folder.mkdir()
+    before = precious_inputs(folder)
+    refused(SAME_FILE[case](folder), folder, before, "writing it would destroy what the command reads")
+    assert sorted(path.name for path in folder.iterdir()) == sorted(INPUTS)
+
+
+@pytest.mark.parametrize("case", NOT_A_FILE_NAME)
+def test_a_split_or_archive_name_must_be_a_plain_file_name(case, tmp_path, monkeypatch):
+    folder = tmp_path / "a" / "b"
+    folder.mkdir(parents=True)
+    monkeypatch.chdir(folder)
+    before = precious_inputs(folder)
+    refused(NOT_A_FILE_NAME[case](folder), folder, before, "not a plain file name")
+    assert not any(path.suffix in (".parquet", ".zip") for path in tmp_path.rglob("x.*"))
+
+
+@pytest.mark.parametrize("command", BUSY)
+def test_an_output_another_run_is_writing_is_refused(command, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    arguments, output = BUSY[command]
+    before = precious_inputs(tmp_path)
+    with publishing((output(tmp_path),)):
+        refused(arguments(tmp_path), tmp_path, before, f"{output(tmp_path)}: being written by another run: pid")
+    assert not output(tmp_path).exists() or output(tmp_path).is_dir()

@@ -1,0 +1,61 @@
+"""Issue 22, class 7: credentials in a download URL never reach an error line or a lock file, and lock files
+are readable by their owner only (they record the holder's command line)."""
+
+from __future__ import annotations
+
+import json
+import socket
+import stat
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from spinn.cli import EXIT_USER_ERROR, main
+from spinn.errors import redact
+from spinn.io import LOCK_NAME, OUTPUT_LOCK_SUFFIX, lock_folder, publishing
+
+SECRET = "s3cr3t-token"
+OWNER_ONLY = 0o600
+
+
+@pytest.mark.parametrize(
+    ("text", "shown"),
+    [
+        (f"https://user:{SECRET}@host/x.zip", "https://***@host/x.zip"),
+        (f"from http://{SECRET}@10.0.0.1:8080/a; retry", "from http://***@10.0.0.1:8080/a; retry"),
+        (f"spinn download --url s3://key:{SECRET}@bucket/x.zip", "spinn download --url s3://***@bucket/x.zip"),
+        ("https://host/x.zip?user@example", "https://host/x.zip?user@example"),
+        ("mail me at someone@example.com", "mail me at someone@example.com"),
+    ],
+)
+def test_credentials_in_a_url_are_redacted(text, shown):
+    assert redact(text) == shown
+
+
+def free_port() -> int:
+    """A local port nothing listens on: a download from it is refused at once."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_a_failed_download_does_not_echo_its_credentials(tmp_path):
+    url = f"http://user:{SECRET}@127.0.0.1:{free_port()}/snli_1.0.zip"
+    result = CliRunner().invoke(main, ["download", "--raw-dir", str(tmp_path), "--url", url])
+    assert result.exit_code == EXIT_USER_ERROR, result.output
+    assert result.stderr.startswith("error: ") and "***@127.0.0.1" in result.stderr
+    assert SECRET not in result.output + result.stderr
+
+
+@pytest.mark.parametrize("lock", ["folder", "output"])
+def test_a_lock_file_is_private_and_records_no_credentials(lock, tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "argv", ["spinn", "download", "--url", f"https://user:{SECRET}@host/x.zip"])
+    if lock == "folder":
+        holding, path = lock_folder(tmp_path), tmp_path / LOCK_NAME
+    else:
+        holding, path = publishing((tmp_path / "x.zip",)), tmp_path / f".x.zip{OUTPUT_LOCK_SUFFIX}"
+    with holding:
+        assert stat.S_IMODE(path.stat().st_mode) == OWNER_ONLY
+        command = json.loads(path.read_text())["command"]
+    assert command == "spinn download --url https://***@host/x.zip"
