@@ -44,6 +44,7 @@ from spinn.data.corpus import (
 from spinn.data.limits import DEFAULT_MAX_TOKENS
 from spinn.data.rejects import RecordProblem, Reject, RejectReason
 from spinn.data.schema import PAIR_FIELDS, pair_schema
+from spinn.data.split_files import prepared_files, with_partner
 from spinn.errors import SpinnError
 from spinn.io import atomic_paths, plain_file_name, publish, publishing, tidy_folder
 from spinn.settings import Settings
@@ -58,7 +59,6 @@ CHUNKS_IN_FLIGHT_PER_WORKER = 2
 """Bounded read-ahead, so memory stays flat however large the corpus is."""
 MAX_DEFAULT_WORKERS = 4
 """Past this the single reader/writer process, not parsing, is the bottleneck."""
-PARQUET_SUFFIX, REJECTS_SUFFIX = ".parquet", ".rejects.jsonl"
 """A prepared split is two files: `<split>.parquet` and `<split>.rejects.jsonl`, published together."""
 _SPLIT_NAME = re.compile(r"(?:^|[_.-])((?:train|dev|test|validation)(?:[_-]\w+)?)$")
 _CORPUS_SUFFIXES = (".gz", ".jsonl", ".json", ".txt", ".tsv")
@@ -95,21 +95,6 @@ class PrepareSummary:
         if self.rejected_total:
             lines.append(f"rejects listed in {self.rejects}")
         return lines
-
-
-def prepared_files(folder: Path, split: str) -> tuple[Path, Path]:
-    """The two files of a prepared split: its Parquet file and its rejects file."""
-    return Path(folder) / f"{split}{PARQUET_SUFFIX}", Path(folder) / f"{split}{REJECTS_SUFFIX}"
-
-
-def with_partner(path: Path) -> tuple[Path, ...]:
-    """An input and, when it is one file of a prepared split, the other: a stage reading one must not replace
-    either (the rejects file of a split is part of what its Parquet file means)."""
-    path = Path(path)
-    for suffix in (REJECTS_SUFFIX, PARQUET_SUFFIX):
-        if path.name.endswith(suffix):
-            return (path, *prepared_files(path.parent, path.name.removesuffix(suffix)))
-    return (path,)
 
 
 def infer_split(name: str) -> str:

@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pydantic import Field
 
-from spinn.data.prepare import with_partner
 from spinn.data.schema import read_pairs
+from spinn.data.split_files import with_partner
 from spinn.errors import SpinnError, SpinnWarning
 from spinn.io import atomic_path, publishing
 from spinn.settings import Settings

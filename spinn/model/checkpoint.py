@@ -18,7 +18,7 @@ from typing import Any, Self
 
 import torch
 
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, refused_checkpoint
 from spinn.io import atomic_path
 
 CHECKPOINT_FORMAT = "spinn.checkpoint"
@@ -106,8 +106,7 @@ def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Che
     try:
         contents = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as error:  # torch raises many types for unreadable or unsafe files
-        first_line = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SpinnError(f"{path}: not a readable spinn checkpoint ({first_line})") from None
+        raise refused_checkpoint(path, error) from None
     return Checkpoint.from_dict(contents, path)
 
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from spinn.data.vocab import Vocabulary
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, misfit_weights
 from spinn.model.checkpoint import Checkpoint, load_checkpoint
 from spinn.model.config import SPINNConfig
 from spinn.model.spinn import SPINN
@@ -51,6 +51,6 @@ def load_model(reference: str | Path, device: torch.device, workdir: Path | None
     model = SPINN(config, torch.zeros(len(vocabulary), config.d_embed))
     try:
         model.load_state_dict(saved.model_state)
-    except RuntimeError as error:
-        raise SpinnError(f"{checkpoint}: weights do not fit the model config ({str(error).splitlines()[0]})") from None
+    except RuntimeError:
+        raise misfit_weights(checkpoint, model.state_dict(), saved.model_state) from None
     return LoadedModel(model.to(device).eval(), vocabulary, checkpoint, saved)

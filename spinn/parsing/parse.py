@@ -20,10 +20,11 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import Field
 
-from spinn.data.prepare import PairWriter, PrepareSummary, infer_split, prepared_files, with_partner
+from spinn.data.prepare import PairWriter, PrepareSummary, infer_split
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.schema import pair_schema
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
+from spinn.data.split_files import prepared_files, with_partner
 from spinn.io import atomic_paths, publishing
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed

@@ -17,12 +17,12 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
+from spinn.children import exit_with_parent
 from spinn.parsing.cpu import freeze_for_life, gc_frozen
 from spinn.parsing.protocol import Parsed, Unparsed
 from spinn.parsing.settings import ParserSettings, resolve_gpu
 from spinn.parsing.stanza_pipeline import StanzaRunner
 
-PARENT_POLL_S = 0.5  # how often a parser worker checks that its parent still runs
 FORK_PLATFORM = "linux"  # fork is unsafe with macOS system libraries and absent on Windows
 
 _WORKER: StanzaRunner | None = None
@@ -70,19 +70,11 @@ def _adopt_worker(settings: ParserSettings, parent: int, pipeline: Any) -> None:
     import torch
 
     global _WORKER
-    threading.Thread(target=_exit_with, args=(parent,), daemon=True, name="exit-with-parent").start()
+    exit_with_parent(parent)
     torch.set_num_threads(settings.threads)
     _WORKER = StanzaRunner(settings, resolve_gpu(settings.device), pipeline)
     _WORKER.loaded()
     freeze_for_life()
-
-
-def _exit_with(parent: int) -> None:
-    """End this worker once its parent is gone: a killed `spinn label` (kill -9 runs no cleanup) must not
-    leave its workers behind, waiting forever for batches."""
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)
-    os._exit(1)
 
 
 def parse_in_worker(texts: list[str]) -> tuple[dict[str, Parsed | Unparsed], float]:
