@@ -248,8 +248,7 @@ def test_sentences_whose_tree_the_model_builds_get_right_branching_stand_ins(smo
     assert sorted(lengths) == sorted(len(parse_binary(tree).leaves()) for tree in trees)
 
 
-def test_a_registered_model_is_named_by_its_resolved_version(smoke_model, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", smoke_model.tracking_uri)
+def test_a_registered_model_is_named_by_its_resolved_version(smoke_model, smoke_store, tmp_path):
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 5))
     summary = label(source, smoke_model.registered, tmp_path / "out.parquet", settings(tmp_path, parser="model"))
     assert summary.model == "models:/label-test/1"

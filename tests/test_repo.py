@@ -18,17 +18,16 @@ from tests.checkout import copy_checkout
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_TIMEOUT_S = 600
-CHANCE = 1 / 3
 REAL_PAIRS = 400
 """Real SNLI pairs per split in the fresh-clone test's zip: enough for every stage, quick on two cores."""
+TWO_STEPS = ("max_steps=2", "eval_every=2", "log_every=1", "checkpoint_every=2")
+"""The front doors check wiring: two steps reach every stage (evaluation, a checkpoint, registration).
+What the smoke settings learn is test_smoke.py's test_the_smoke_settings_beat_chance."""
 SMALL_RUN = (
     "model.d_hidden=16",
     "model.d_tracker=8",
     "model.mlp_dim=16",
-    "max_steps=20",
-    "eval_every=10",
-    "log_every=5",
-    "checkpoint_every=10",
+    *TWO_STEPS,
     "device=cpu",
     "threads=1",
 )
@@ -72,8 +71,9 @@ def readme_block(heading: str, marker: str) -> str:
 
 @pytest.mark.slow
 def test_readme_smoke_command_runs_the_whole_pipeline_as_written(tmp_path):
-    """README's main job in smoke mode, verbatim, in a fresh checkout: Prefect's temporary server, local MLflow."""
-    command = readme_block("## Main job", "--smoke")
+    """README's main job in smoke mode as written (plus two-step settings), in a fresh checkout: Prefect's
+    temporary server, local MLflow."""
+    command = readme_block("## Main job", "--smoke") + "".join(f" --set {setting}" for setting in TWO_STEPS)
     checkout = copy_checkout(tmp_path / "checkout")
     (checkout / ".venv").symlink_to(Path(sys.executable).parents[1])
     env = {
@@ -89,7 +89,7 @@ def test_readme_smoke_command_runs_the_whole_pipeline_as_written(tmp_path):
     assert "Starting temporary server on http://127.0.0.1" in done.stdout + done.stderr
     assert re.search(r"MLflow run [0-9a-f]{32} .* in sqlite:///mlflow.db", done.stdout)
     metrics = json.loads((checkout / printed_path(done.stdout, r"\(metrics: (\S+)\)")).read_text())
-    assert metrics["accuracy"] > CHANCE
+    assert metrics["examples"] > 0 and 0.0 <= metrics["accuracy"] <= 1.0
     checkpoint = checkout / printed_path(done.stdout, r"model checkpoint (\S+)")
     assert (checkout / "mlflow.db").is_file() and checkpoint.is_file()
     assert checkpoint.parent.parent == checkout / "data" / "smoke" / "runs"
