@@ -57,10 +57,11 @@ def test_readme_starts_with_the_two_commands():
 
 def test_the_test_command_runs_on_every_core_and_lets_arguments_override():
     """scripts/test starts one xdist worker per CPU this process may use, files whole per worker (module
-    fixtures are built once), and passes its arguments after those defaults, so `-n 0` wins."""
+    fixtures are built once) in collection order (conftest puts the long ones first), and passes its arguments
+    after those defaults, so `-n 0` wins."""
     pytest_line = next(line for line in TEST_SCRIPT.read_text(encoding="utf-8").splitlines() if "-m pytest" in line)
     assert "sched_getaffinity" in TEST_SCRIPT.read_text(encoding="utf-8")
-    assert re.search(r'-n "\$workers" --dist loadfile "\$@"$', pytest_line), pytest_line
+    assert re.search(r'-n "\$workers" --dist loadfile --no-loadscope-reorder "\$@"$', pytest_line), pytest_line
 
 
 def test_ci_fails_when_no_test_is_collected():
