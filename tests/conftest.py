@@ -156,10 +156,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 # ----------------------------------------------------------------------------- built once per test run
 
 
-def shared_folder(tmp_path_factory: pytest.TempPathFactory, worker_id: str) -> Path:
+XDIST_WORKER = "PYTEST_XDIST_WORKER"
+"""Set by pytest-xdist in each worker (gw0, gw1, ...); absent in a plain pytest process."""
+
+
+def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A folder every xdist worker of this run sees (the run's base temp), or this process's own without xdist."""
     base = tmp_path_factory.getbasetemp()
-    return base if worker_id == "master" else base.parent
+    return base.parent if XDIST_WORKER in os.environ else base
 
 
 def built_once(folder: Path, build: Callable[[Path], None]) -> Path:
@@ -187,9 +191,9 @@ def migrate_store(database: Path) -> None:
 
 
 @pytest.fixture(scope="session")
-def migrated_store(tmp_path_factory, worker_id) -> Path:
+def migrated_store(tmp_path_factory) -> Path:
     """The migrated, empty store, made once per test run (migration takes seconds; a copy, milliseconds)."""
-    folder = built_once(shared_folder(tmp_path_factory, worker_id) / "migrated-store", _build_migrated_store)
+    folder = built_once(shared_folder(tmp_path_factory) / "migrated-store", _build_migrated_store)
     return folder / MIGRATED_STORE
 
 
@@ -246,11 +250,9 @@ SMOKE_TRAINING = {
 
 
 @pytest.fixture(scope="session")
-def smoke_model(tmp_path_factory, worker_id, migrated_store) -> SmokeModel:
+def smoke_model(tmp_path_factory, migrated_store) -> SmokeModel:
     """Train once per test run: the labelling tests need a real model whose vocabulary fits SNLI-style text."""
-    root = built_once(
-        shared_folder(tmp_path_factory, worker_id) / "smoke-model", lambda root: _build_smoke(root, migrated_store)
-    )
+    root = built_once(shared_folder(tmp_path_factory) / "smoke-model", lambda root: _build_smoke(root, migrated_store))
     return SmokeModel(
         checkpoint=root / "models" / "best.pt",
         prepared=root / "prepared",
