@@ -372,6 +372,7 @@ def run_by_name(line: str, checkout: Path, env: dict[str, str]):
         return client.read_flow_run(UUID(flow_run_id))
 
 
+@pytest.mark.stanza
 def test_readme_deployments_run_offline_by_name_on_their_defaults(
     project, first_run, tmp_path, prefect_api, migrated_store
 ):

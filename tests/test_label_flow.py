@@ -86,6 +86,7 @@ def request_for(smoke_model, smoke_store, tmp_path, prefect_api):
     return make
 
 
+@pytest.mark.stanza
 def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request_for, tmp_path):
     from flows.label_pairs import label_pairs
 
@@ -106,6 +107,7 @@ def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request
     assert label_pairs(request) == {}
 
 
+@pytest.mark.stanza
 def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, request_for, tmp_path):
     import mlflow
 
