@@ -20,6 +20,7 @@ import torch
 from spinn.data.example import Example
 from spinn.model.checkpoint import load_checkpoint
 from spinn.training.distributed import Topology, make_share, share
+from tests.conftest import copy_store
 
 BIN = Path(sys.executable).parent
 SETTINGS = [
@@ -60,7 +61,7 @@ if os.environ.get("RANK", "0") != "0":
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
+def project(tmp_path_factory, migrated_store) -> Path:
     from spinn.data.prepare import PrepareSettings, prepare
     from spinn.data.smoke import write_smoke_corpus
     from spinn.data.vocab import vocab_stage
@@ -70,6 +71,7 @@ def project(tmp_path_factory) -> Path:
     for split in ("train", "dev"):
         prepare(archive, root / "prepared", PrepareSettings(workers=1), member=f"snli_1.0_{split}.jsonl")
     vocab_stage(root / "prepared" / "train.parquet")
+    copy_store(migrated_store, root / "mlflow.db")
     (root / "poison").mkdir()
     (root / "poison" / "sitecustomize.py").write_text(POISON)
     return root

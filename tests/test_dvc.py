@@ -3,7 +3,7 @@
 dvc.yaml is only worth keeping if DVC itself accepts it: every stage's command,
 deps, params, outs, metrics and plots are checked by nothing but running DVC on
 it. So this module copies the repository (its git files, without data/) into a
-temporary git repository, shrinks the train params to a few CPU steps, serves
+temporary git repository, shrinks the train params to two CPU steps, serves
 the synthetic smoke corpus from a loopback HTTP mirror (through the
 SPINN_DOWNLOAD_* variables the download stage reads) and runs the `dvc` and
 `git` executables as a user would. It proves that the first `dvc repro` builds
@@ -35,6 +35,7 @@ from spinn.data.schema import NO_CONSENSUS_LABEL
 from spinn.data.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
 from spinn.io import file_digest
 from tests.checkout import copy_checkout
+from tests.conftest import copy_store
 from tests.httpserver import LocalServer
 
 pytestmark = pytest.mark.slow
@@ -49,17 +50,17 @@ STAGES = ("download", "prepare@train", "prepare@dev", "prepare@test", "vocab", "
 SPLITS = ("train", "dev", "test")
 TINY_TRAIN = {
     "model": {"variant": "pi", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
-    "max_steps": 30,
-    "eval_every": 10,
-    "log_every": 5,
-    "checkpoint_every": 10,
+    "max_steps": 2,
+    "eval_every": 2,
+    "log_every": 1,
+    "checkpoint_every": 2,
     "device": "cpu",
     "threads": 1,
     "experiment": "spinn-dvc-test",
     "registered_model": "spinn-dvc-test",
 }
-"""A few seconds of CPU training: enough for checkpoints, curves and a registered model."""
-STEP_INCREASE = 10
+"""Two steps: the wiring (a checkpoint, both curves, metrics, a registered model), not a training result."""
+STEP_INCREASE = 2
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "spinn tests",
@@ -190,9 +191,10 @@ def run_line(line: str, cwd: Path, env: dict[str, str]) -> subprocess.CompletedP
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Project]:
+def project(tmp_path_factory: pytest.TempPathFactory, migrated_store: Path) -> Iterator[Project]:
     """A git + DVC copy of the repository with tiny train params, after its first `dvc repro`."""
     workdir = tmp_path_factory.mktemp("dvc")
+    copy_store(migrated_store, workdir / "mlflow.db")
     repo = workdir / "repo"
     corpus = write_smoke_corpus(workdir / "snli_1.0.zip")
     with LocalServer() as server:

@@ -135,14 +135,12 @@ def test_label_on_a_full_disk(smoke_model, tmp_path, monkeypatch):
     assert line.startswith("error: no space left on ") and f"writing {parts_folder(output)}/input-00000.parquet" in line
 
 
-def test_train_on_a_full_disk(smoke_model, tmp_path, monkeypatch):
+def test_train_on_a_full_disk(smoke_model, tmp_path, monkeypatch, mlflow_store):
     import torch
 
     earlier = tmp_path / "models"
     earlier.mkdir()
     monkeypatch.setattr(torch, "save", disk_full)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.chdir(tmp_path)
     prepared = smoke_model.prepared
     result = CliRunner().invoke(
         main,

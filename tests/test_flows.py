@@ -27,6 +27,7 @@ from spinn.settings import nest
 from spinn.tracking.register import version_description
 from spinn.training.evaluate import report_path
 from tests.checkout import copy_checkout
+from tests.conftest import copy_store
 from tests.test_label import stanza_dir, write_rows
 
 pytestmark = pytest.mark.slow
@@ -37,10 +38,10 @@ SMALL_TRAINING = {
     "model.d_tracker": 8,
     "model.mlp_dim": 16,
     "batch_size": 32,
-    "max_steps": 24,
-    "eval_every": 8,
-    "log_every": 4,
-    "checkpoint_every": 8,
+    "max_steps": 2,
+    "eval_every": 2,
+    "log_every": 1,
+    "checkpoint_every": 2,
     "device": "cpu",
     "threads": 1,
     "experiment": "flow-test",
@@ -54,12 +55,12 @@ WORKER_TIMEOUT_S = 300
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory, prefect_api) -> dict:
+def project(tmp_path_factory, prefect_api, migrated_store) -> dict:
     """A data folder, an MLflow store and the smoke archive; the environment points MLflow there."""
     root = tmp_path_factory.mktemp("flow-project")
     archive = write_smoke_corpus(root / "source" / "snli_1.0.zip")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        patch.setenv("MLFLOW_TRACKING_URI", copy_store(migrated_store, root / "mlflow.db"))
         patch.chdir(root)  # MLflow puts a new experiment's artifacts under ./mlruns: keep them out of the checkout
         yield {
             "root": root,
@@ -371,7 +372,10 @@ def run_by_name(line: str, checkout: Path, env: dict[str, str]):
         return client.read_flow_run(UUID(flow_run_id))
 
 
-def test_readme_deployments_run_offline_by_name_on_their_defaults(project, first_run, tmp_path, prefect_api):
+@pytest.mark.stanza
+def test_readme_deployments_run_offline_by_name_on_their_defaults(
+    project, first_run, tmp_path, prefect_api, migrated_store
+):
     """README's Prefect section line by line, offline: the worker's environment names the corpus copy and the
     Stanza folder, params.yaml (shrunk here) everything else; train-spinn/snli ends Completed and registers
     models:/spinn@champion, and label-pairs/inbox labels the good file with it and ends Failed on the bad one."""
@@ -392,7 +396,8 @@ def test_readme_deployments_run_offline_by_name_on_their_defaults(project, first
         "SPINN_STANZA_DIR": str(stanza_dir()),
     }
     env = {key: value for key, value in os.environ.items() if not key.startswith("SPINN_")}
-    env.update(PREFECT_API_URL=prefect_api, MLFLOW_TRACKING_URI=f"sqlite:///{tmp_path / 'mlflow.db'}", **exported)
+    env.update(PREFECT_API_URL=prefect_api, MLFLOW_TRACKING_URI=copy_store(migrated_store, tmp_path / "mlflow.db"))
+    env.update(exported)
     worker_lines = readme_lines("## Run it as Prefect deployments", "worker start")
     assert worker_lines[0] == "export PREFECT_API_URL=http://127.0.0.1:4200/api"
     assert set(re.findall(r"(SPINN_\w+)=", worker_lines[1])) <= set(exported)

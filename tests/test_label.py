@@ -2,7 +2,10 @@
 
 The model is the session's small spinn model trained on the smoke corpus; the
 inputs are that corpus's test pairs written as CSV, JSONL and Parquet, plus
-hand-made bad rows. Stanza runs for real from ../shared/stanza.
+hand-made bad rows. Stanza runs for real from ../shared/stanza: once for the
+module (`stanza_parses`, the smoke test pairs parsed into a cache that each
+test copies, so a label run finds its parses there and loads no Stanza), and
+again only in the tests about the parser's own running (workers, a killed job).
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +82,29 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
     return path
 
 
+WARM_PAIRS = 60
+"""The smoke test pairs the module's Stanza parses cover: every test here labels some of the first 60."""
+
+
+@pytest.fixture(scope="module")
+def stanza_parses(smoke_model, tmp_path_factory) -> Path:
+    """The module's one Stanza load: the first WARM_PAIRS smoke test pairs parsed into a cache."""
+    from spinn.parsing.parser import SentenceParser
+
+    cache = tmp_path_factory.mktemp("stanza-parses") / "parses.sqlite"
+    rows = smoke_pairs(smoke_model, WARM_PAIRS)
+    parsing = ParserSettings(stanza_dir=stanza_dir(), cache_path=cache, device="cpu", workers=1)
+    with SentenceParser(parsing) as parser:
+        parser.parse(row[side] for row in rows for side in ("premise", "hypothesis"))
+    return cache
+
+
+@pytest.fixture
+def parse_cache(stanza_parses, tmp_path) -> Path:
+    """tmp_path/parses.sqlite (where `settings` points), a copy of the module's Stanza parses."""
+    return Path(shutil.copyfile(stanza_parses, tmp_path / "parses.sqlite"))
+
+
 def settings(tmp_path: Path, **overrides) -> LabelSettings:
     parsing = ParserSettings(stanza_dir=stanza_dir(), cache_path=tmp_path / "parses.sqlite", device="cpu", workers=1)
     return LabelSettings(**{"parsing": parsing, "device": "cpu", **overrides})
@@ -104,7 +131,8 @@ def test_every_row_comes_out_once_with_its_id_label_probabilities_and_trees(smok
         assert str(smoke_model.checkpoint) in row["model"]
 
 
-def test_stanza_trees_feed_the_model_and_are_recorded(smoke_model, tmp_path):
+@pytest.mark.stanza
+def test_stanza_trees_feed_the_model_and_are_recorded(smoke_model, tmp_path, parse_cache):
     from spinn.parsing.parser import SentenceParser
 
     rows = smoke_pairs(smoke_model, 12)
@@ -120,8 +148,10 @@ def test_stanza_trees_feed_the_model_and_are_recorded(smoke_model, tmp_path):
     assert {row["parser"] for row in labelled} == {"stanza"}
 
 
-@pytest.mark.parametrize("parser", ["stanza", "model"])
-def test_labels_do_not_depend_on_batch_size(smoke_model, tmp_path, parser):
+@pytest.mark.parametrize("parser", [pytest.param("stanza", marks=pytest.mark.stanza), "model"])
+def test_labels_do_not_depend_on_batch_size(smoke_model, tmp_path, parser, request):
+    if parser == "stanza":
+        request.getfixturevalue("parse_cache")
     source = write_rows(tmp_path / "pairs.parquet", smoke_pairs(smoke_model, 60))
     one = label(
         source, smoke_model.checkpoint, tmp_path / "one.parquet", settings(tmp_path, parser=parser, batch_size=1)
@@ -139,6 +169,7 @@ def test_labels_do_not_depend_on_batch_size(smoke_model, tmp_path, parser):
 
 
 @pytest.mark.slow
+@pytest.mark.stanza
 def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_model, tmp_path):
     """One parser process, big shards and batches, against two worker processes, small shards and batches
     (parses ahead of the model): each run parses for itself (no shared cache), so Stanza really runs twice."""
@@ -164,7 +195,8 @@ def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_mo
             assert abs(a[f"p_{name}"] - b[f"p_{name}"]) <= TOLERANCE
 
 
-def test_progress_bars_show_pairs_per_second_for_both_phases(smoke_model, tmp_path, capsys):
+@pytest.mark.stanza
+def test_progress_bars_show_pairs_per_second_for_both_phases(smoke_model, tmp_path, parse_cache, capsys):
     """Rows the reader or the parser rejects count too, so both bars end full."""
     rows = smoke_pairs(smoke_model, 10)
     rows[3]["premise"] = ""
@@ -201,7 +233,8 @@ def is_reject_record(record: dict) -> bool:
     )
 
 
-def test_bad_rows_are_listed_with_reasons_while_good_rows_are_labelled(smoke_model, tmp_path):
+@pytest.mark.stanza
+def test_bad_rows_are_listed_with_reasons_while_good_rows_are_labelled(smoke_model, tmp_path, parse_cache):
     good = smoke_pairs(smoke_model, 5)
     lines = [json.dumps(row) for row in good[:2]]
     lines += [
@@ -214,9 +247,7 @@ def test_bad_rows_are_listed_with_reasons_while_good_rows_are_labelled(smoke_mod
     ]  # duplicate id
     source = tmp_path / "pairs.jsonl"
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    parsing = ParserSettings(
-        stanza_dir=stanza_dir(), cache_path=tmp_path / "p.sqlite", device="cpu", max_tokens=20, workers=1
-    )
+    parsing = ParserSettings(stanza_dir=stanza_dir(), cache_path=parse_cache, device="cpu", max_tokens=20, workers=1)
     summary = label(
         source, smoke_model.checkpoint, tmp_path / "out.parquet", LabelSettings(parsing=parsing, device="cpu")
     )
@@ -256,8 +287,7 @@ def test_sentences_whose_tree_the_model_builds_reach_it_as_tokens_only(smoke_mod
             assert parse_binary(row[f"{name}_tree"]).leaves() == tokenize(given[name])
 
 
-def test_a_registered_model_is_named_by_its_resolved_version(smoke_model, tmp_path, monkeypatch):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", smoke_model.tracking_uri)
+def test_a_registered_model_is_named_by_its_resolved_version(smoke_model, smoke_store, tmp_path):
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 5))
     summary = label(source, smoke_model.registered, tmp_path / "out.parquet", settings(tmp_path, parser="model"))
     assert summary.model == "models:/label-test/1"
@@ -289,6 +319,7 @@ def label_command(source: Path, output: Path, smoke_model, tmp_path: Path, worke
 
 
 @pytest.mark.slow
+@pytest.mark.stanza
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path, workers):
     """With two workers the kill also lands while they parse ahead; they go with the job."""

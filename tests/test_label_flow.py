@@ -20,6 +20,7 @@ from flows.label_pairs import (
     LabelRequest,
     read_index,
 )
+from tests.conftest import copy_store
 from tests.test_label import smoke_pairs, stanza_dir, write_rows
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,7 @@ SHARD_SIZE = 20
 
 
 @pytest.fixture(scope="module")
-def rl_checkpoint(smoke_model, tmp_path_factory) -> Path:
+def rl_checkpoint(smoke_model, tmp_path_factory, migrated_store) -> Path:
     """A tiny rl model: with parser `auto` it labels on the trees it samples itself, no Stanza."""
     from spinn.training.config import TrainConfig
     from spinn.training.train import train
@@ -47,7 +48,7 @@ def rl_checkpoint(smoke_model, tmp_path_factory) -> Path:
         }
     )
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        patch.setenv("MLFLOW_TRACKING_URI", copy_store(migrated_store, root / "mlflow.db"))
         patch.chdir(root)
         result = train(
             smoke_model.prepared / "train.parquet",
@@ -62,9 +63,9 @@ def rl_checkpoint(smoke_model, tmp_path_factory) -> Path:
 
 
 @pytest.fixture
-def request_for(smoke_model, tmp_path, monkeypatch, prefect_api):
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", smoke_model.tracking_uri)
-    monkeypatch.chdir(tmp_path)  # the labelling experiment's artifacts go to ./mlruns, not into the checkout
+def request_for(smoke_model, smoke_store, tmp_path, prefect_api):
+    """Labelling runs go to a copy of the smoke model's store; tmp_path is the working folder, so the labelling
+    experiment's artifacts go to its ./mlruns, not into the checkout."""
     (tmp_path / "inbox").mkdir()
 
     def make(dask_workers: int = 2, model: str | None = None, **overrides) -> LabelRequest:
@@ -85,6 +86,7 @@ def request_for(smoke_model, tmp_path, monkeypatch, prefect_api):
     return make
 
 
+@pytest.mark.stanza
 def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request_for, tmp_path):
     from flows.label_pairs import label_pairs
 
@@ -105,6 +107,7 @@ def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request
     assert label_pairs(request) == {}
 
 
+@pytest.mark.stanza
 def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, request_for, tmp_path):
     import mlflow
 

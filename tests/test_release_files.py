@@ -73,14 +73,12 @@ def test_the_vocabulary_and_prepared_pairs_read():
     assert read_pairs(RELEASE / "pairs.parquet").num_rows == len(read_raw_pairs(RELEASE / "pairs.parquet")) == 24
 
 
-def test_a_version_registered_by_that_release_loads_through_its_alias(expected, tmp_path, monkeypatch):
+def test_a_version_registered_by_that_release_loads_through_its_alias(expected, mlflow_store):
     """0.1.0 logged checkpoint.pt, vocab.json and config.json under the run's model/ folder and registered
     that folder; an alias on that version must still serve the same model."""
     import mlflow
 
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    monkeypatch.chdir(tmp_path)
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    mlflow.set_tracking_uri(f"sqlite:///{mlflow_store}")
     mlflow.set_experiment("release-0.1.0")
     with mlflow.start_run() as run:
         for name in ("checkpoint.pt", "vocab.json", "config.json"):

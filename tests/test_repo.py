@@ -1,4 +1,6 @@
-"""The repository's promises to a new user: CI runs exactly README's test command."""
+"""The repository's promises to a new user, run: README's two commands and its smoke command, in fresh checkouts.
+
+What README, CI and scripts say of each other is tests/test_docs.py's."""
 
 from __future__ import annotations
 
@@ -15,65 +17,30 @@ from pathlib import Path
 import pytest
 
 from tests.checkout import copy_checkout
+from tests.test_docs import readme_block
 
-ROOT = Path(__file__).resolve().parents[1]
 SMOKE_TIMEOUT_S = 600
-CHANCE = 1 / 3
 REAL_PAIRS = 400
 """Real SNLI pairs per split in the fresh-clone test's zip: enough for every stage, quick on two cores."""
+TWO_STEPS = ("max_steps=2", "eval_every=2", "log_every=1", "checkpoint_every=2")
+"""The front doors check wiring: two steps reach every stage (evaluation, a checkpoint, registration).
+What the smoke settings learn is test_smoke.py's test_the_smoke_settings_beat_chance."""
 SMALL_RUN = (
     "model.d_hidden=16",
     "model.d_tracker=8",
     "model.mlp_dim=16",
-    "max_steps=20",
-    "eval_every=10",
-    "log_every=5",
-    "checkpoint_every=10",
+    *TWO_STEPS,
     "device=cpu",
     "threads=1",
 )
 NO_TESTS_COLLECTED = 5
 
 
-def test_ci_runs_the_readme_test_command():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Run the tests", 1)[1]
-    command = re.search(r"```bash\n(.+?)\n```", section, re.DOTALL).group(1).strip()
-    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
-    assert command in ci_lines
-
-
-def test_ci_installs_what_readme_installs():
-    """scripts/install runs README's install line verbatim, and CI installs through it."""
-    install = readme_block("## Install", "pip install")
-    assert install in (ROOT / "scripts" / "install").read_text(encoding="utf-8").splitlines()
-    ci_lines = [line.strip() for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()]
-    assert "scripts/install" in ci_lines
-
-
-def test_readme_starts_with_the_two_commands():
-    """The first command block sets up and runs the main job, then sets up and runs the tests."""
-    first = re.search(r"```bash\n(.+?)\n```", (ROOT / "README.md").read_text(encoding="utf-8"), re.DOTALL)
-    assert first.group(1).split("\n") == ["scripts/run", "scripts/test"]
-    for name in ("run", "test"):
-        script = ROOT / "scripts" / name
-        assert os.access(script, os.X_OK), f"{script} is not executable"
-        assert "scripts/install" in script.read_text(encoding="utf-8").splitlines(), f"{script} does not set up .venv"
-
-
-def readme_block(heading: str, marker: str) -> str:
-    """The first ```bash block under `heading` whose command contains `marker`."""
-    section = (ROOT / "README.md").read_text(encoding="utf-8").split(heading, 1)[1]
-    for block in re.findall(r"```bash\n(.+?)\n```", section, re.DOTALL):
-        if marker in block:
-            return block.strip()
-    raise AssertionError(f"no command with {marker!r} under {heading!r} in README.md")
-
-
 @pytest.mark.slow
 def test_readme_smoke_command_runs_the_whole_pipeline_as_written(tmp_path):
-    """README's main job in smoke mode, verbatim, in a fresh checkout: Prefect's temporary server, local MLflow."""
-    command = readme_block("## Main job", "--smoke")
+    """README's main job in smoke mode as written (plus two-step settings), in a fresh checkout: Prefect's
+    temporary server, local MLflow."""
+    command = readme_block("## Main job", "--smoke") + "".join(f" --set {setting}" for setting in TWO_STEPS)
     checkout = copy_checkout(tmp_path / "checkout")
     (checkout / ".venv").symlink_to(Path(sys.executable).parents[1])
     env = {
@@ -89,7 +56,7 @@ def test_readme_smoke_command_runs_the_whole_pipeline_as_written(tmp_path):
     assert "Starting temporary server on http://127.0.0.1" in done.stdout + done.stderr
     assert re.search(r"MLflow run [0-9a-f]{32} .* in sqlite:///mlflow.db", done.stdout)
     metrics = json.loads((checkout / printed_path(done.stdout, r"\(metrics: (\S+)\)")).read_text())
-    assert metrics["accuracy"] > CHANCE
+    assert metrics["examples"] > 0 and 0.0 <= metrics["accuracy"] <= 1.0
     checkpoint = checkout / printed_path(done.stdout, r"model checkpoint (\S+)")
     assert (checkout / "mlflow.db").is_file() and checkpoint.is_file()
     assert checkpoint.parent.parent == checkout / "data" / "smoke" / "runs"

@@ -36,10 +36,8 @@ def run(arguments: list[str]) -> str:
 
 
 @pytest.fixture
-def tokens_only(smoke_model, tmp_path, monkeypatch):
+def tokens_only(smoke_model, tmp_path, mlflow_store):
     """Train and dev splits of raw smoke pairs, stored as tokens with no trees (`spinn parse --trees none`)."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     rows = smoke_pairs(smoke_model, 120)
     for split, part in (("train", rows[:100]), ("dev", rows[100:])):
         source = write_rows(tmp_path / f"{split}.csv", part)

@@ -33,11 +33,10 @@ SQLITE_HEADER_BYTES = 100
 
 
 @pytest.fixture
-def store(tmp_path, monkeypatch) -> Path:
-    """A fresh sqlite store; the working folder is tmp_path so no ./mlruns lands in the checkout."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    return tmp_path / "mlflow.db"
+def store(mlflow_store) -> Path:
+    """An empty store (a copy of the migrated one); the working folder is tmp_path so no ./mlruns lands in the
+    checkout."""
+    return mlflow_store
 
 
 def logged_run() -> str:

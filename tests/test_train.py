@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from spinn.data.embeddings import DEFAULT_CACHE_DIR, embeddings_stage
 from spinn.data.prepare import prepare
 from spinn.data.vocab import Vocabulary, vocab_stage
 from spinn.errors import SpinnError, advice, option_name
@@ -21,6 +23,7 @@ from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings, evaluate
 from spinn.training.train import train
+from tests.conftest import copy_store
 
 TINY_MODEL = {"d_hidden": 16, "d_tracker": 8, "mlp_dim": 32, "mlp_layers": 1}
 DEV_PAIRS = 120
@@ -41,23 +44,42 @@ def prepared(tmp_path_factory, snli_train_sample, snli_dev) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def aligned(tmp_path_factory, prepared) -> Path:
+    """The prepared vocabulary's GloVe vectors, aligned once for the module (a data/embeddings folder)."""
+    folder = tmp_path_factory.mktemp("embeddings")
+    embeddings_stage(prepared / "vocab.json", cache_dir=folder, progress=False)
+    return folder
+
+
 @pytest.fixture
-def workdir(tmp_path, monkeypatch) -> Path:
-    """A project folder with its own MLflow store and embeddings cache."""
+def fresh_workdir(tmp_path, monkeypatch, aligned) -> Path:
+    """A project folder (the working folder) with no MLflow store yet, and a copy of the aligned vectors in
+    data/embeddings, where train looks by default."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    shutil.copytree(aligned, tmp_path / DEFAULT_CACHE_DIR)
     return tmp_path
 
 
+@pytest.fixture
+def workdir(fresh_workdir, migrated_store) -> Path:
+    """The project folder with its own copy of the migrated MLflow store: no test here pays the migration."""
+    copy_store(migrated_store, fresh_workdir / "mlflow.db")
+    return fresh_workdir
+
+
 def tiny_config(**settings):
+    """A tiny model that logs every step, and evaluates and checkpoints once, at its last step (unless told)."""
+    last_step = settings.get("max_steps", 1)
     base = {
         "model": {"variant": "spinn", **TINY_MODEL},
         "batch_size": 16,
         "seed": 7,
         "device": "cpu",
         "log_every": 1,
-        "eval_every": 1,
-        "checkpoint_every": 1,
+        "eval_every": last_step,
+        "checkpoint_every": last_step,
         "threads": 1,
     }
     base.update(settings)
@@ -146,7 +168,7 @@ def test_alias_moves_only_to_a_better_model(prepared, workdir):
     first = train(
         prepared / "train.parquet",
         prepared / "dev.parquet",
-        tiny_config(max_steps=12, registered_model="spinn-alias"),
+        tiny_config(max_steps=12, eval_every=1, registered_model="spinn-alias"),
         output_dir=workdir / "a",
         progress=False,
     )
@@ -475,22 +497,24 @@ def test_a_run_killed_before_its_first_checkpoint_is_marked_killed_by_the_next(p
 
 
 @pytest.mark.slow
-def test_two_runs_started_together_on_a_fresh_store_both_work(prepared, workdir):
+def test_two_runs_started_together_on_a_fresh_store_both_work(prepared, fresh_workdir):
     data = ["--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet")]
     tiny = [f"--set=model.{key}={value}" for key, value in TINY_MODEL.items()]
     runs = [
-        spinn_train(*data, *tiny, "--set", "max_steps=2", "--set", "threads=1", "--output-dir", name, cwd=workdir)
+        spinn_train(*data, *tiny, "--set", "max_steps=2", "--set", "threads=1", "--output-dir", name, cwd=fresh_workdir)
         for name in ("a", "b")
     ]
     for run in runs:
         assert run.wait(timeout=600) == 0, run.stdout.read()
-    again = spinn_train(*data, *tiny, "--set", "max_steps=1", "--output-dir", "c", cwd=workdir)
+    again = spinn_train(*data, *tiny, "--set", "max_steps=1", "--output-dir", "c", cwd=fresh_workdir)
     assert again.wait(timeout=600) == 0, again.stdout.read()
 
 
 def test_without_a_bar_training_prints_progress_lines(prepared, workdir, capsys):
     """Under Prefect no bar shows: every `report_every_s` the run prints a line its logs keep."""
-    short_run(prepared, workdir / "m", max_steps=3, report_every_s=0.0)
+    config = tiny_config(max_steps=3, eval_every=1)  # a dev accuracy before the last line
+    data = (prepared / "train.parquet", prepared / "dev.parquet")
+    train(*data, config, output_dir=workdir / "m", progress=False, register=False, report_every_s=0.0)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("train step ")]
     assert [line.split(":")[0] for line in lines] == [
         "train step 1/3 (33%)",
