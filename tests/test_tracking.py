@@ -39,6 +39,14 @@ def store(mlflow_store) -> Path:
     return mlflow_store
 
 
+@pytest.fixture
+def fresh_store(tmp_path, monkeypatch) -> Path:
+    """Where a store will be created, with no file there yet: the tests of creating one."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    return tmp_path / "mlflow.db"
+
+
 def logged_run() -> str:
     with tracking.run("tracking-test", run_name="logged") as run_id:
         tracking.log_metrics({"dev_accuracy": 0.5}, step=0)
@@ -302,14 +310,16 @@ def first_run_killed_at(line: str, seconds: float, folder: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("line", "seconds"), KILL_POINTS)
-def test_a_first_run_killed_while_creating_the_store_never_breaks_it(line, seconds, store):
+def test_a_first_run_killed_while_creating_the_store_never_breaks_it(line, seconds, fresh_store):
+    store = fresh_store
     first_run_killed_at(line, seconds, store.parent)
     run_id = logged_run()  # the next run works on whatever the killed one left
     assert tracking.run_exists(run_id)
     assert not [path.name for path in store.parent.iterdir() if path.name.endswith(".tmp")]
 
 
-def test_a_half_made_store_of_an_earlier_release_is_rebuilt(store):
+def test_a_half_made_store_of_an_earlier_release_is_rebuilt(fresh_store):
+    store = fresh_store
     """What a killed migration left: some tables, an old schema revision, no runs."""
     with closing(sqlite3.connect(store)) as db:
         db.execute("CREATE TABLE alembic_version (version_num VARCHAR(32) NOT NULL)")

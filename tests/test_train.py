@@ -268,7 +268,7 @@ def test_checkpoints_never_unpickle_code(tmp_path):
             return (os.system, ("echo should-not-run",))
 
     torch.save({"format": "spinn.checkpoint", "version": 1, "evil": Payload()}, tmp_path / "evil.pt")
-    with pytest.raises(SpinnError, match="not a readable spinn checkpoint"):
+    with pytest.raises(SpinnError, match="not a spinn checkpoint, or one from an untrusted source"):
         load_checkpoint(tmp_path / "evil.pt")
     save_checkpoint(tmp_path / "ok.pt", Checkpoint(model_state={}, model_config={}, vocab={}, step=0))
     assert load_checkpoint(tmp_path / "ok.pt").step == 0
