@@ -196,7 +196,7 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
         results = [future.result() for future in futures]
         summary = merge_task(plan, results, planned.model_name, planned.parser)
     summary.dev_shares, summary.seconds = planned.dev_shares, time.perf_counter() - started
-    tracked = log_label_run(summary, settings, run_name=f"label {input_path.name}") if request.track else None
+    tracked = log_label_run(summary, settings) if request.track else None
     return {
         "output": str(summary.output),
         "rejects": str(summary.rejects),

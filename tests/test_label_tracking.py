@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+import mlflow
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -20,7 +21,7 @@ from spinn.cli import main
 from spinn.data.schema import LABELS
 from spinn.io import file_digest
 from spinn.labeling.drift import NO_REFERENCE, dev_label_shares, total_variation
-from spinn.labeling.settings import PROBABILITY_COLUMNS
+from spinn.labeling.settings import PROBABILITY_COLUMNS, LabelSettings
 from spinn.labeling.summary import LabelSummary, PredictionCounts
 from spinn.labeling.track import LABELING_EXPERIMENT, OUTPUT_TAG, label_metrics
 from spinn.model.checkpoint import load_checkpoint, save_checkpoint
@@ -41,6 +42,7 @@ def store(smoke_model, tmp_path, monkeypatch) -> str:
     uri = f"sqlite:///{database}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(uri)  # the registry finds logged models through mlflow's own current store
     return uri
 
 
@@ -60,8 +62,6 @@ def run_label(source: Path, model: str | Path, output: Path, *extra: str):
 
 def client(store: str):
     """A client of the test's own store (mlflow's module-level URI may still name another test's)."""
-    import mlflow
-
     return mlflow.MlflowClient(store)
 
 
@@ -204,3 +204,27 @@ def test_a_run_without_a_dev_reference_has_no_drift_figure():
 def test_ui_links_open_the_model_training_view():
     assert ui_url("3", "abc") == "http://127.0.0.1:5000/#/experiments/3/runs/abc?workflowType=machine_learning"
     assert ui_url("3").endswith("/#/experiments/3?workflowType=machine_learning")
+
+
+def test_a_version_that_is_a_logged_model_is_an_input_of_the_label_run(smoke_model, store):
+    """A version registered from an MLflow 3 logged model: the label run records that model as its input, and
+    its id as a param and a tag; the run starts when the labelling started, so the UI shows its duration."""
+    import time
+
+    from spinn.labeling.track import log_label_run
+
+    training = client(store).get_model_version("label-test", "1").run_id
+    experiment = client(store).get_run(training).info.experiment_id
+    logged = client(store).create_logged_model(experiment, name="spinn", source_run_id=training)
+    version = mlflow.register_model(f"models:/{logged.model_id}", "label-test")
+    summary = summary_of(["neutral"] * 4, [0.8] * 4, None)
+    summary.model = f"models:/label-test/{version.version}"
+    before = time.time()
+
+    tracked = log_label_run(summary, LabelSettings())
+    run = client(store).get_run(tracked.run_id)
+    assert [found.model_id for found in run.inputs.model_inputs] == [logged.model_id]
+    assert run.data.params["model_id"] == logged.model_id == run.data.tags["spinn.model_id"]
+    assert run.info.run_name == f"label pairs with label-test/{version.version}"
+    assert run.info.start_time <= (before - summary.seconds) * 1000 + 1000
+    assert run.data.tags["mlflow.source.type"] == "LOCAL"

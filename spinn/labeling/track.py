@@ -11,6 +11,7 @@ file, it holds no copy.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,23 +58,32 @@ def label_metrics(summary: LabelSummary) -> dict[str, float]:
     return {name: float(value) for name, value in figures.items() if value is not None}
 
 
-def log_label_run(summary: LabelSummary, settings: LabelSettings, run_name: str | None = None) -> TrackedRun:
-    """One run in the `spinn-labeling` experiment with the run's params, figures and its model's links."""
+def log_label_run(summary: LabelSummary, settings: LabelSettings) -> TrackedRun:
+    """One run in the `spinn-labeling` experiment with the run's params, figures and its model's links, named
+    by its input and model (`label pairs.csv with spinn/3`)."""
     from spinn.tracking import store as tracking
 
     version = tracking.model_version_facts(summary.model)
     name = summary.input.name if summary.input else "pairs"
-    with tracking.run(LABELING_EXPERIMENT, run_name=run_name or f"label {name}") as run_id:
+    run_name = f"label {name} with {_short_model(summary.model, version)}"
+    with tracking.run_started_at(LABELING_EXPERIMENT, run_name, time.time() - summary.seconds) as run_id:
         tracking.log_params(_params(summary, settings, version))
         tracking.set_tags(_tags(summary, version, tracking.git_commit()))
         tracking.log_metrics(label_metrics(summary), step=0)
         if summary.input is not None:
             tracking.log_dataset(summary.input, name, summary.input_sha256, DATASET_CONTEXT)
         if version and "model_id" in version:
-            tracking.log_model_input(version["model_id"])
+            tracking.log_model_input(run_id, version["model_id"])
         tracking.describe_run(_description(summary, version, tracking))
     experiment_id = tracking.run_summary(run_id)["experiment_id"]
     return TrackedRun(run_id, experiment_id, tracking.ui_url(experiment_id, run_id))
+
+
+def _short_model(model: str, version: dict[str, str] | None) -> str:
+    """`spinn/3` for a registered version, else the checkpoint's file name: runs of one input told apart."""
+    if version is not None:
+        return f"{version['name']}/{version['version']}"
+    return Path(model.split(" (sha256", 1)[0]).name
 
 
 def _params(summary: LabelSummary, settings: LabelSettings, version: dict[str, str] | None) -> dict[str, Any]:
@@ -87,14 +97,19 @@ def _params(summary: LabelSummary, settings: LabelSettings, version: dict[str, s
         "output": str(Path(summary.output).absolute()),
         **{f"settings.{key}": value for key, value in _flat(settings.to_dict())},
     }
-    params.update({f"model_{key}": value for key, value in (version or {}).items() if key != "experiment_id"})
+    params.update({_model_key(key): value for key, value in (version or {}).items() if key != "experiment_id"})
     return params
 
 
 def _tags(summary: LabelSummary, version: dict[str, str] | None, commit: str) -> dict[str, str]:
     tags = {"spinn.stage": "label", "git_commit": commit, OUTPUT_TAG: Path(summary.output).absolute().as_uri()}
-    tags.update({f"spinn.model_{key}": value for key, value in (version or {}).items() if key != "source"})
+    tags.update({f"spinn.{_model_key(key)}": value for key, value in (version or {}).items() if key != "source"})
     return tags
+
+
+def _model_key(fact: str) -> str:
+    """A model version fact's name among the run's params and tags: `run_id` -> `model_run_id`."""
+    return fact if fact.startswith("model_") else f"model_{fact}"
 
 
 def _description(summary: LabelSummary, version: dict[str, str] | None, tracking) -> str:

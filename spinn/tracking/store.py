@@ -441,6 +441,8 @@ UI_ADDRESS = "http://127.0.0.1:5000"
 MACHINE_LEARNING_VIEW = "workflowType=machine_learning"
 """The query that opens MLflow 3.17's experiment page on its runs and models (the model-training view), not on
 the GenAI "Traces" page it opens by default (found in the UI's bundle; the browser remembers the choice)."""
+LOGGED_MODEL_PREFIX = "m-"
+"""How MLflow 3 starts a logged model's id."""
 NOTE_TAG = "mlflow.note.content"
 """The run tag MLflow's UI shows, as Markdown, as the run's description."""
 PREDICTED_SHARE = "predicted_share_"
@@ -469,7 +471,24 @@ def ui_hint(experiment_id: str, run_id: str | None = None) -> str:
 
 def version_page(name: str, version: str) -> str:
     """A registered model version's page, relative to the UI (a Markdown link in a run's description)."""
-    return f"#/models/{name}/versions/{version}"
+    return f"#/models/{name}/versions/{version}?{MACHINE_LEARNING_VIEW}"
+
+
+@contextmanager
+def run_started_at(experiment: str, run_name: str, started_at: float) -> Iterator[str]:
+    """A new run that began at `started_at` (seconds since the epoch), ended as `run` ends it: work logged
+    once it is done then shows its own duration in the UI, not the seconds the logging took. The source, user
+    and git tags are the ones MLflow's own start_run would give it."""
+    mlflow = _mlflow(write=True)
+    from mlflow.tracking.context.registry import resolve_tags
+
+    _use_experiment(mlflow, experiment)
+    client = mlflow.MlflowClient()
+    experiment_id = client.get_experiment_by_name(experiment).experiment_id
+    start_time = round(started_at * 1000)
+    created = client.create_run(experiment_id, start_time=start_time, tags=resolve_tags(), run_name=run_name)
+    with run(experiment, run_id=created.info.run_id) as run_id:
+        yield run_id
 
 
 def describe_run(markdown: str) -> None:
@@ -491,14 +510,22 @@ def model_version_facts(uri: str) -> dict[str, str] | None:
         run = _unless_missing(lambda: client.get_run(found.run_id))
         if run is not None:
             facts["experiment_id"] = run.info.experiment_id
-    if getattr(found, "model_id", None):
-        facts["model_id"] = found.model_id
+    model_id = getattr(found, "model_id", None) or _logged_model_id(found.source)
+    if model_id:
+        facts["model_id"] = model_id
     return facts
 
 
-def log_model_input(model_id: str) -> None:
-    """Record an MLflow 3 logged model as an input of the active run (the run used it, it did not make it)."""
-    mlflow = _mlflow()
+def _logged_model_id(source: str | None) -> str | None:
+    """`models:/m-1a2b...` -> `m-1a2b...`: the logged model a version was registered from (MLflow 3.17's sqlite
+    registry keeps no model_id of its own); None for a version made from a run's folder."""
+    found = (source or "").removeprefix("models:/")
+    return found if source and source != found and "/" not in found and found.startswith(LOGGED_MODEL_PREFIX) else None
+
+
+def log_model_input(run_id: str, model_id: str) -> None:
+    """Record an MLflow 3 logged model as an input of a run (the run used it, it did not make it). Through the
+    client: MLflow 3.17's fluent log_inputs takes models on Databricks only."""
     from mlflow.entities import LoggedModelInput
 
-    mlflow.log_inputs(models=[LoggedModelInput(model_id)])
+    _client(write=True).log_inputs(run_id, models=[LoggedModelInput(model_id)])
