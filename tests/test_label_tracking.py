@@ -25,7 +25,7 @@ from spinn.labeling.settings import PROBABILITY_COLUMNS, LabelSettings
 from spinn.labeling.summary import LabelSummary, PredictionCounts
 from spinn.labeling.track import LABELING_EXPERIMENT, OUTPUT_TAG, label_metrics
 from spinn.model.checkpoint import load_checkpoint, save_checkpoint
-from spinn.tracking.store import ui_url
+from spinn.tracking.store import ui_page, ui_url
 from spinn.training.metrics import Metrics
 from tests.test_label import smoke_pairs
 
@@ -86,7 +86,10 @@ def test_a_tracked_label_run_logs_its_figures_linked_to_the_model_version(smoke_
 
     assert params["model"] == "models:/label-test/1" and params["model_version"] == "1"
     assert params["model_run_id"] == tags["spinn.model_run_id"] == version.run_id
-    assert "#/models/label-test/versions/1" in tags["mlflow.note.content"]
+    training = client(store).get_run(version.run_id).info.experiment_id
+    description = tags["mlflow.note.content"]  # the links the run page shows
+    assert "(#/models/label-test/versions/1?workflowType=machine_learning)" in description
+    assert f"({ui_page(training, version.run_id)})" in description
     assert params["input"] == "pairs.jsonl" and params["input_sha256"] == file_digest(source, "sha256")
     assert params["parser"] == "model" == params["settings.parser"]
     assert tags[OUTPUT_TAG] == output.as_uri()

@@ -119,7 +119,7 @@ def _description(summary: LabelSummary, version: dict[str, str] | None, tracking
     if version is not None:
         model = f"[{summary.model}]({tracking.version_page(version['name'], version['version'])})"
         if "experiment_id" in version:
-            training = tracking.ui_url(version["experiment_id"], version["run_id"], address="")
+            training = tracking.ui_page(version["experiment_id"], version["run_id"])
             model += f", trained in run [{version['run_id'][:8]}]({training})"
     drift = summary.drift
     drift_line = NO_REFERENCE if drift is None else f"Drift from the model's dev predictions: {drift:.3f}"

@@ -455,10 +455,15 @@ def share_metrics(shares: dict[str, float], prefix: str = "") -> dict[str, float
     return {f"{prefix}{PREDICTED_SHARE}{name}": share for name, share in shares.items()}
 
 
-def ui_url(experiment_id: str, run_id: str | None = None, address: str = UI_ADDRESS) -> str:
+def ui_url(experiment_id: str, run_id: str | None = None) -> str:
     """The MLflow UI's page of an experiment, or of one of its runs, in the model-training view."""
-    page = f"/#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
-    return f"{address}{page}?{MACHINE_LEARNING_VIEW}"
+    return f"{UI_ADDRESS}/{ui_page(experiment_id, run_id)}"
+
+
+def ui_page(experiment_id: str, run_id: str | None = None) -> str:
+    """`ui_url` relative to the UI (a Markdown link in a run's description, wherever the UI is served)."""
+    page = f"#/experiments/{experiment_id}" + (f"/runs/{run_id}" if run_id else "")
+    return f"{page}?{MACHINE_LEARNING_VIEW}"
 
 
 def ui_hint(experiment_id: str, run_id: str | None = None) -> str:
