@@ -80,10 +80,11 @@ def log_label_run(summary: LabelSummary, settings: LabelSettings) -> TrackedRun:
 
 
 def _short_model(model: str, version: dict[str, str] | None) -> str:
-    """`spinn/3` for a registered version, else the checkpoint's file name: runs of one input told apart."""
+    """`spinn/3` for a registered version, else the checkpoint's file name and digest (`best.pt (sha256 ...)`):
+    runs of one input told apart."""
     if version is not None:
         return f"{version['name']}/{version['version']}"
-    return Path(model.split(" (sha256", 1)[0]).name
+    return Path(model).name
 
 
 def _params(summary: LabelSummary, settings: LabelSettings, version: dict[str, str] | None) -> dict[str, Any]:
