@@ -11,10 +11,13 @@ from __future__ import annotations
 
 from typing import Any
 
-MLFLOW_UI = "http://127.0.0.1:5000"
-"""Where README's `mlflow ui` command serves the store."""
+from spinn.data.schema import LABELS
+from spinn.tracking.store import PREDICTED_SHARE, ui_url
+
 DISPLAY_DIGITS = 4
 """Decimals of scores and rates in a table; MLflow and the metrics files keep the full values."""
+PROBABILITY_DIGITS, DRIFT_DIGITS, LENGTH_DIGITS = 3, 3, 1
+"""Decimals of a labelled file's mean top-class probability, drift and mean sentence length."""
 PREPARED_CORPUS_KEY = "spinn-prepared-corpus"
 PREPARED_VOCABULARY_KEY = "spinn-prepared-vocabulary"
 TRAINING_RUN_KEY = "spinn-training-run"
@@ -88,7 +91,7 @@ def _scores(prefix: str, evaluated: dict[str, Any]) -> list[tuple[str, Any]]:
 
 def run_link_markdown(run: dict[str, Any]) -> str:
     """The clickable way from the Prefect run to its MLflow run (a table cell shows no link)."""
-    link = f"{MLFLOW_UI}/#/experiments/{run['experiment_id']}/runs/{run['run_id']}"
+    link = ui_url(run["experiment_id"], run["run_id"])
     return (
         f"# SPINN training run\n\nMLflow run [{run['run_name']}]({link}) in `{run['tracking_uri']}`; "
         f"its facts and scores are in the `{TRAINING_RUN_KEY}` table."
@@ -110,3 +113,42 @@ def describe_registration(registration: dict[str, Any]) -> str:
 
 def evaluation_facts(model: str, data: str, evaluated: dict[str, Any]) -> list[Row]:
     return facts([("model", model), ("data", data), ("pairs", evaluated["examples"]), *_scores("", evaluated)])
+
+
+def labelled_file_rows(entries: dict[str, dict[str, Any]]) -> list[Row]:
+    """One row per inbox file of a label-pairs run, every row with every column: a labelled file's figures
+    (those its MLflow run logs, rounded for reading: shares as percentages), a failed file's error."""
+    return [{"file": name, **_file_figures(entry)} for name, entry in entries.items()]
+
+
+def _file_figures(entry: dict[str, Any]) -> Row:
+    figures = entry.get("metrics") or {}
+    return {
+        "status": entry["status"],
+        "rows": entry.get("rows"),
+        "labelled": entry.get("labelled"),
+        "rejected": entry.get("rejected"),
+        "pairs/s": _whole(figures.get("pairs_per_second")),
+        **{label: percent(figures.get(f"{PREDICTED_SHARE}{label}")) for label in LABELS},
+        "mean top probability": _rounded(figures.get("mean_top_probability"), PROBABILITY_DIGITS),
+        "OOV tokens": percent(figures.get("oov_share")),
+        "tokens per sentence": _rounded(figures.get("mean_sentence_tokens"), LENGTH_DIGITS),
+        "drift": _rounded(figures.get("drift"), DRIFT_DIGITS),
+        "parser": entry.get("parser"),
+        "output": entry.get("output"),
+        "MLflow run": entry.get("mlflow_run"),
+        "error": entry.get("error"),
+    }
+
+
+def percent(share: float | None) -> str | None:
+    """0.41234 -> '41.2%': a share as people read it."""
+    return None if share is None else f"{share:.1%}"
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def _whole(value: float | None) -> int | None:
+    return None if value is None else round(value)

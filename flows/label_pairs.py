@@ -5,8 +5,9 @@ same content digest), and labels the rest one file at a time. A file is cut
 into shards (spinn.labeling.shards), the shards run as Prefect tasks on a Dask cluster
 (a local one by default, or an existing cluster by address) and are merged.
 A file that fails is recorded as failed, reported, and tried again on the next
-run; finished shards of a killed run are reused. Counts go to the Prefect
-run's artifacts and to an MLflow run per labelled file.
+run; finished shards of a killed run are reused. A labelled file's figures
+(counts, label shares, confidence, OOV share, drift) go to the Prefect run's
+table artifact and to an MLflow run per file (spinn/labeling/track.py).
 
 The Dask workers are the parallelism: each worker process parses in itself
 (`spinn label`'s parser `workers` do not apply here) with the settings' torch
@@ -32,11 +33,13 @@ from prefect.states import Failed, State
 from prefect_dask import DaskTaskRunner
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flows.artifacts import labelled_file_rows
 from spinn.data.sentence_pairs import readable_suffixes
 from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
 from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shards import hold_output
+from spinn.labeling.track import label_metrics, log_label_run
 
 INDEX_NAME = "index.json"
 LABELS_SUFFIX = ".labels.parquet"
@@ -44,12 +47,9 @@ LABELS_SUFFIX = ".labels.parquet"
 INPUT_SUFFIXES = readable_suffixes()
 """The inbox takes every file the sentence-pair readers can read (matched case-blind, as they do)."""
 DONE, FAILED = "done", "failed"
-LABELING_EXPERIMENT = "spinn-labeling"
 LOOPBACK = "127.0.0.1"
 LABELLING_RUN_KEY = "spinn-labeling-run"
 PROGRESS_EVERY_S = 30.0
-FILE_COLUMNS = ("status", "rows", "labelled", "rejected", "oov_share", "parser", "output", "error")
-"""The labelling run's table: a labelled file fills the counts, a failed one the error."""
 
 
 LabelOverrides = LabelSettings.overrides()
@@ -75,6 +75,7 @@ class LabelRequest(BaseModel):
     settings: LabelOverrides = Field(default_factory=LabelOverrides)  # type: ignore[valid-type]
     dask_address: str | None = Field(None, description="An existing Dask scheduler, e.g. tcp://10.0.0.5:8786.")
     dask_workers: int = Field(2, ge=1, description="Workers of the local cluster when no address is given.")
+    track: bool = Field(True, description="Log each labelled file to an MLflow run (experiment spinn-labeling).")
 
     @model_validator(mode="after")
     def _settings_resolve(self) -> LabelRequest:
@@ -124,22 +125,26 @@ def _labeller(model: str, settings) -> Any:
 
 
 class PlannedFile(NamedTuple):
-    """A file's shard plan and what the labeller resolved: the model (an alias resolved once) and the parser."""
+    """A file's shard plan and what the labeller resolved: the model (an alias resolved once), the parser, and
+    the model's label shares on dev (the reference of drift)."""
 
     plan: Any
     model: str
     model_name: str
     parser: str
+    dev_shares: dict[str, float] | None
 
 
 @task(name="plan-shards", task_run_name="plan-{input_path.name}")
 def plan_task(input_path: Path, output: Path, model: str, settings) -> PlannedFile:
     """Cut the file into shards; the parser is the labeller's (`auto` becomes `model` or `stanza` there)."""
+    from spinn.labeling.drift import dev_label_shares
     from spinn.labeling.shards import plan_shards
 
     labeller = _labeller(model, settings)
     plan = plan_shards(input_path, output, settings, labeller.fingerprint())
-    return PlannedFile(plan, labeller.reference, labeller.model_name, labeller.parser_name)
+    shares = dev_label_shares(labeller.loaded.contents)
+    return PlannedFile(plan, labeller.reference, labeller.model_name, labeller.parser_name, shares)
 
 
 @task(name="label-shard", task_run_name="label-shard-{index}")
@@ -180,8 +185,10 @@ def merge_task(plan, results: list, model_name: str, parser: str):
 
 @flow(name="label-file")
 def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
-    """One file: plan, then every shard as a task on the Dask cluster, then merge; the output is this
-    run's alone meanwhile (`hold_output`: a `spinn label` on it is refused, and this run is if one holds it)."""
+    """One file: plan, then every shard as a task on the Dask cluster, then merge, then its MLflow run; the
+    output is this run's alone meanwhile (`hold_output`: a `spinn label` on it is refused, and this run is if
+    one holds it)."""
+    started = time.perf_counter()
     settings = request.label_settings()
     output = request.outbox / output_name(input_path)
     with hold_output(output):
@@ -190,6 +197,8 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
         futures = [shard_task.submit(plan, index, planned.model, settings) for index in range(plan.shards)]
         results = [future.result() for future in futures]
         summary = merge_task(plan, results, planned.model_name, planned.parser)
+    summary.dev_shares, summary.seconds = planned.dev_shares, time.perf_counter() - started
+    tracked = log_label_run(summary, settings) if request.track else None
     return {
         "output": str(summary.output),
         "rejects": str(summary.rejects),
@@ -201,9 +210,8 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
         "shards_reused": summary.shards_reused,
         "model": summary.model,
         "parser": summary.parser,
-        "parse_pairs_per_second": summary.parse_pairs_per_second,
-        "model_pairs_per_second": summary.model_pairs_per_second,
-        "oov_share": summary.oov_share,
+        "metrics": label_metrics(summary),
+        "mlflow_run": None if tracked is None else tracked.url,
     }
 
 
@@ -222,9 +230,8 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
                 entries[path.name] = _label_one(path, request, address)
                 index[path.name] = entries[path.name]
                 write_index(request.outbox, index)
-    create_table_artifact(
-        file_rows(entries), key=LABELLING_RUN_KEY, description=f"{len(entries)} inbox files labelled or retried"
-    )
+    described = f"{len(entries)} inbox files labelled or retried"
+    create_table_artifact(labelled_file_rows(entries), key=LABELLING_RUN_KEY, description=described)
     failed = [name for name, entry in entries.items() if entry["status"] == FAILED]
     if failed:
         error = FilesFailed(entries, failed)
@@ -243,7 +250,6 @@ def _label_one(path: Path, request: LabelRequest, address: str) -> dict[str, Any
     entry["seconds"] = round(time.perf_counter() - start, 3)
     if state.is_completed():
         entry.update(status=DONE, **state.result())
-        _log_to_mlflow(path, entry)
     else:
         error = state.result(raise_on_failure=False)
         entry.update(status=FAILED, error=f"{type(error).__name__}: {one_line(error)}")
@@ -287,32 +293,3 @@ def output_name(path: Path) -> str:
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def _log_to_mlflow(path: Path, entry: dict[str, Any]) -> None:
-    """One MLflow run per labelled file: what was labelled with which model, and the counts."""
-    from spinn.tracking import store as tracking
-
-    with tracking.run(LABELING_EXPERIMENT, run_name=f"label {path.name}"):
-        tracking.log_params(
-            {
-                "input": str(path),
-                "input_sha256": entry["sha256"],
-                "model": entry["model"],
-                "parser": entry["parser"],
-                "output": entry["output"],
-            }
-        )
-        metrics = {
-            "rows": entry["rows"],
-            "labelled": entry["labelled"],
-            "rejected": entry["rejected"],
-            "seconds": entry["seconds"],
-        }
-        metrics.update({f"rejected_{reason}": count for reason, count in entry["reasons"].items()})
-        tracking.log_metrics(metrics, step=0)
-
-
-def file_rows(entries: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
-    """One row per file of this run, every row with every column (empty where it does not apply)."""
-    return [{"file": name, **{column: entry.get(column) for column in FILE_COLUMNS}} for name, entry in entries.items()]

@@ -109,6 +109,7 @@ def _run(corpus, training, debug: bool) -> None:
     from flows.artifacts import describe_registration
     from flows.train_spinn import train_spinn
     from spinn.errors import SpinnError, advice, one_line, option_name
+    from spinn.tracking.store import ui_hint
 
     if not debug:
         _quiet_failures()
@@ -121,7 +122,7 @@ def _run(corpus, training, debug: bool) -> None:
         click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
         sys.exit(1)
     click.echo(f"MLflow run {result.run_id} (experiment {result.experiment_id}) in {result.tracking_uri}")
-    click.echo(f"  see it: mlflow ui --backend-store-uri {result.tracking_uri} --host 127.0.0.1 --port 5000")
+    click.echo(f"  {ui_hint(result.experiment_id, result.run_id)}")
     click.echo(
         f"dev accuracy {result.best_dev_accuracy:.4f}; test accuracy {result.test_metrics['accuracy']:.4f} "
         f"(metrics: {result.metrics_file})"

@@ -162,7 +162,7 @@ def test_the_prefect_run_shows_the_mlflow_run_and_its_metrics(first_run):
     assert facts["test accuracy"] == pytest.approx(result.test_metrics["accuracy"], abs=1e-4)
     assert facts["registered model"].startswith(f"models:/flow-test/{result.registered['version']} ")
     link = run_artifact(first_run, "spinn-training-run-link", "markdown").data
-    assert f"/#/experiments/{result.experiment_id}/runs/{result.run_id})" in link
+    assert f"/#/experiments/{result.experiment_id}/runs/{result.run_id}?workflowType=machine_learning)" in link
 
 
 def test_the_prefect_run_shows_each_split_s_counts_and_the_vocabulary(project, first_run):

@@ -13,13 +13,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from flows.label_pairs import (
-    DONE,
-    FAILED,
-    LABELING_EXPERIMENT,
-    LabelRequest,
-    read_index,
-)
+from flows.label_pairs import DONE, FAILED, LabelRequest, read_index
+from spinn.data.schema import LABELS
+from spinn.labeling.track import LABELING_EXPERIMENT
 from tests.conftest import copy_store
 from tests.test_label import smoke_pairs, stanza_dir, write_rows
 
@@ -133,9 +129,9 @@ def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, requ
     runs = [
         run
         for run in mlflow.search_runs(experiment_names=[LABELING_EXPERIMENT], output_format="list")
-        if run.data.params["input"].startswith(str(tmp_path))
+        if run.data.params["input_path"].startswith(str(tmp_path))
     ]
-    assert sorted(run.data.params["input"].rsplit("/", 1)[1] for run in runs) == ["bad.jsonl", "good.jsonl"]
+    assert sorted(run.data.params["input"] for run in runs) == ["bad.jsonl", "good.jsonl"]
     assert all(run.data.metrics["labelled"] == len(rows) for run in runs)
 
 
@@ -155,25 +151,29 @@ def run_table(state) -> dict[str, dict]:
     return {row["file"]: row for row in json.loads(artifacts[0].data)}
 
 
-def test_the_run_artifact_lists_every_file_with_its_counts(smoke_model, request_for, tmp_path):
+def test_the_run_artifact_lists_every_file_with_the_figures_its_mlflow_run_logs(smoke_model, request_for, tmp_path):
+    """The table shows what the file's MLflow run logged, rounded for reading: shares as percentages."""
+    import mlflow
+
     from flows.label_pairs import label_pairs
 
     write_rows(tmp_path / "inbox" / "pairs.csv", smoke_pairs(smoke_model, 4))
     state = label_pairs(request_for(parser="model", dask_workers=1), return_state=True)
     output = str(tmp_path / "labelled" / "pairs.csv.labels.parquet")
-    assert run_table(state) == {
-        "pairs.csv": {
-            "file": "pairs.csv",
-            "status": DONE,
-            "rows": 4,
-            "labelled": 4,
-            "rejected": 0,
-            "oov_share": 0.0,
-            "parser": "model",
-            "output": output,
-            "error": None,
-        }
-    }
+    row = run_table(state)["pairs.csv"]
+    [run] = mlflow.search_runs(
+        experiment_names=[LABELING_EXPERIMENT], filter_string=f"params.output = '{output}'", output_format="list"
+    )
+    metrics = run.data.metrics
+    shares = {label: metrics[f"predicted_share_{label}"] for label in LABELS}
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert {label: row[label] for label in LABELS} == {label: f"{share:.1%}" for label, share in shares.items()}
+    assert row["drift"] == round(metrics["drift"], 3) and row["OOV tokens"] == f"{metrics['oov_share']:.1%}"
+    assert row["mean top probability"] == round(metrics["mean_top_probability"], 3)
+    assert row["tokens per sentence"] == round(metrics["mean_sentence_tokens"], 1)
+    assert row["MLflow run"].endswith(f"/runs/{run.info.run_id}?workflowType=machine_learning")
+    assert (row["status"], row["rows"], row["labelled"], row["rejected"]) == (DONE, 4, 4, 0)
+    assert (row["parser"], row["output"], row["error"]) == ("model", output, None)
 
 
 def test_the_parser_reported_is_the_one_the_labeller_resolved(smoke_model, rl_checkpoint, request_for, tmp_path):

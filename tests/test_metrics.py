@@ -38,7 +38,15 @@ def test_scores_match_hand_computation():
 def test_json_is_stable_and_complete():
     metrics = score(GOLD, PRED, transition_accuracy=0.9)
     data = metrics.to_json()
-    assert list(data) == ["accuracy", "macro_f1", "examples", "transition_accuracy", "per_class", "confusion_matrix"]
+    assert list(data) == [
+        "accuracy",
+        "macro_f1",
+        "examples",
+        "transition_accuracy",
+        "per_class",
+        "predicted_shares",
+        "confusion_matrix",
+    ]
     assert metrics.summary() == {key: data[key] for key in ("accuracy", "macro_f1", "examples", "transition_accuracy")}
     assert data["examples"] == 10
     assert data["confusion_matrix"]["labels"] == ["entailment", "neutral", "contradiction"]

@@ -69,9 +69,20 @@ def parse(
     default=None,
     help="Bars on stderr with pairs/s for the parse and model phases.  [default: when stderr is a terminal]",
 )
+@click.option(
+    "--track/--no-track",
+    default=False,
+    help="Log the run to MLflow (experiment spinn-labeling), linked to the model version.  [default: no-track]",
+)
 @field_options(LabelSettings)
 def label(
-    input_path: Path, model_reference: str, output: Path, no_parse_cache: bool, progress: bool | None, **options: Any
+    input_path: Path,
+    model_reference: str,
+    output: Path,
+    no_parse_cache: bool,
+    progress: bool | None,
+    track: bool,
+    **options: Any,
 ) -> None:
     """Label sentence pairs with a trained model: label, probabilities and trees per row; resumable."""
     from spinn.labeling.label import label as label_stage
@@ -80,6 +91,13 @@ def label(
     shown = sys.stderr.isatty() if progress is None else progress
     summary = label_stage(input_path, model_reference, output, settings, progress=shown)
     click.echo("\n".join(summary.report()))
+    if track:
+        from spinn.labeling.track import LABELING_EXPERIMENT, log_label_run
+        from spinn.tracking.store import tracking_uri, ui_hint
+
+        tracked = log_label_run(summary, settings)
+        click.echo(f"MLflow run {tracked.run_id} (experiment {LABELING_EXPERIMENT}) in {tracking_uri()}")
+        click.echo(f"  {ui_hint(tracked.experiment_id, tracked.run_id)}")
 
 
 @click.command()

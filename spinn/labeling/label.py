@@ -17,6 +17,10 @@ the model run with few torch threads (`threads`, the parser's `threads`:
 threads that wait on each other on shared cores cost several times the work),
 and with parser `workers` the model labels shard k while the workers parse
 shard k+1.
+
+The summary carries the run's figures (label shares, confidence, OOV share,
+drift from the model's dev predictions); `spinn label --track` and the flow
+log them to MLflow (spinn/labeling/track.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from spinn.labeling.drift import dev_label_shares
 from spinn.labeling.labeller import Labeller
 from spinn.labeling.progress import LabelProgress
 from spinn.labeling.settings import LabelSettings
@@ -58,6 +63,7 @@ def label(
                     bars.close()
             summary = merge_shards(plan, results, labeller.model_name, labeller.parser_name)
             summary.parser_workers = labeller.parser.workers
+            summary.dev_shares = dev_label_shares(labeller.loaded.contents)
         finally:
             labeller.close()
     summary.seconds = time.perf_counter() - started

@@ -34,7 +34,7 @@ from spinn.data.vocab import warn_if_mostly_unknown
 from spinn.errors import SpinnError
 from spinn.io import LOCK_NAME, atomic_path, atomic_paths, file_digest, lock_folder, tidy_folder
 from spinn.labeling.settings import INPUT_SCHEMA, OUTPUT_SCHEMA, LabelSettings
-from spinn.labeling.summary import LabelSummary, ShardResult
+from spinn.labeling.summary import LabelSummary, PredictionCounts, ShardResult
 
 PARTS_SUFFIX = ".parts"
 PLAN_NAME = "plan.json"
@@ -183,6 +183,7 @@ def merge_shards(plan: ShardPlan, results: list[ShardResult], model: str, parser
     output = Path(plan.output)
     rejects_path = rejects_file(output)
     rejects = []
+    predicted = PredictionCounts()
     with atomic_paths(output, rejects_path) as (temporary, rejects_temporary):
         writer = pq.ParquetWriter(temporary, OUTPUT_SCHEMA)
         try:
@@ -192,6 +193,7 @@ def merge_shards(plan: ShardPlan, results: list[ShardResult], model: str, parser
                 shard_rejects = [json.loads(line) for line in shard_rejects]
                 _check_shard(plan, index, table, shard_rejects, model)
                 writer.write_table(table)
+                predicted.add(table)
                 rejects += shard_rejects
         finally:
             writer.close()
@@ -212,6 +214,9 @@ def merge_shards(plan: ShardPlan, results: list[ShardResult], model: str, parser
         sum(r.model_seconds for r in results),
         sum(r.tokens for r in results),
         sum(r.unknown_tokens for r in results),
+        input=Path(plan.input),
+        input_sha256=plan.fingerprint["input_sha256"],
+        predicted=predicted,
     )
     warn_if_mostly_unknown(plan.input, summary.oov_share)
     return summary

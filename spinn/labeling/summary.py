@@ -1,15 +1,22 @@
-"""What a label run did: each shard's result and the run's summary (counts, reasons, speeds, OOV share).
+"""What a label run did: each shard's result and the run's summary (counts, reasons, speeds, label shares,
+confidence, OOV share, drift).
 
-The CLI prints the summary's report, the Prefect flow publishes it as an
-artifact, and the flow's MLflow run logs its figures.
+The CLI prints the summary's report, the Prefect flow publishes its figures
+as an artifact, and both log them to an MLflow run (spinn/labeling/track.py).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spinn.labeling.settings import PARSER_STANZA
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from spinn.data.schema import LABELS
+from spinn.labeling.drift import NO_REFERENCE, total_variation
+from spinn.labeling.settings import PARSER_STANZA, PROBABILITY_COLUMNS
 
 
 @dataclass
@@ -24,6 +31,21 @@ class ShardResult:
     tokens: int = 0
     unknown_tokens: int = 0
     """Tokens of the labelled pairs, and those the model's vocabulary lacks (kept in the shard's metadata)."""
+
+
+@dataclass
+class PredictionCounts:
+    """The labels given and the summed top-class probability, over the labelled rows of an output."""
+
+    labels: Counter = field(default_factory=Counter)
+    top_probability_sum: float = 0.0
+
+    def add(self, table: pa.Table) -> None:
+        """Count a table of output rows (a merged shard)."""
+        self.labels.update(table.column("label").to_pylist())
+        if table.num_rows:
+            top = pc.max_element_wise(*(table.column(name) for name in PROBABILITY_COLUMNS))  # (N,)
+            self.top_probability_sum += pc.sum(top.cast(pa.float64())).as_py()
 
 
 @dataclass
@@ -48,6 +70,33 @@ class LabelSummary:
     """The whole run, wall clock: loading the model and the parser included."""
     parser_workers: int = 1
     """Parser processes the run used (the parser settings' workers, auto decided)."""
+    input: Path | None = None
+    input_sha256: str = ""
+    predicted: PredictionCounts = field(default_factory=PredictionCounts)
+    dev_shares: dict[str, float] | None = None
+    """The model's label shares on its dev split when it was trained (None: its checkpoint keeps none)."""
+
+    @property
+    def label_shares(self) -> dict[str, float]:
+        """Each label's share of the labelled rows, every label named (0.0 when none got it)."""
+        return {label: self.predicted.labels[label] / self.labelled if self.labelled else 0.0 for label in LABELS}
+
+    @property
+    def mean_top_probability(self) -> float | None:
+        """How sure the model was: the mean of each labelled row's highest class probability."""
+        return self.predicted.top_probability_sum / self.labelled if self.labelled else None
+
+    @property
+    def mean_sentence_tokens(self) -> float | None:
+        """Tokens per sentence of the labelled pairs (premises and hypotheses alike)."""
+        return self.tokens / (2 * self.labelled) if self.labelled else None
+
+    @property
+    def drift(self) -> float | None:
+        """Total variation distance from the model's dev label shares (None: no reference, or nothing labelled)."""
+        if self.dev_shares is None or not self.labelled:
+            return None
+        return total_variation(self.label_shares, self.dev_shares)
 
     @property
     def pairs_per_second(self) -> float | None:
@@ -90,6 +139,21 @@ class LabelSummary:
             lines.append(f"throughput (work done in this run): {', '.join(speeds)}")
         if self.oov_share is not None:
             lines.append(f"out of the model's vocabulary: {self.oov_share:.1%} of tokens")
+        lines += self._prediction_lines()
         workers = f" ({self.parser_workers} workers)" if self.parser_workers > 1 else ""
         lines.append(f"model {self.model}, parser {self.parser}{workers}")
+        return lines
+
+    def _prediction_lines(self) -> list[str]:
+        """Label shares, confidence and drift, when anything was labelled."""
+        if not self.labelled:
+            return []
+        shares = ", ".join(f"{label} {share:.1%}" for label, share in self.label_shares.items())
+        lines = [f"labels: {shares}; mean top-class probability {self.mean_top_probability:.3f}"]
+        drift = self.drift
+        lines.append(
+            NO_REFERENCE
+            if drift is None
+            else f"drift from the model's dev predictions: {drift:.3f} (total variation distance, 0 to 1)"
+        )
         return lines

@@ -59,6 +59,14 @@ class Metrics:
         return scores
 
     @property
+    def predicted_shares(self) -> dict[str, float]:
+        """The share of the examples predicted as each class (the confusion matrix's columns): on dev, what
+        a labelling run's label shares are compared with to measure drift."""
+        matrix = np.asarray(self.confusion, dtype=np.float64)
+        counts, total = matrix.sum(axis=0), matrix.sum()  # (C,) predictions per class
+        return {name: float(counts[index] / total) if total else 0.0 for index, name in enumerate(self.classes)}
+
+    @property
     def macro_f1(self) -> float:
         scores = self.per_class().values()
         return sum(score.f1 for score in scores) / len(self.classes)
@@ -86,10 +94,11 @@ class Metrics:
         return result
 
     def to_json(self) -> dict:
-        """The whole, stable layout: the summary, per-class scores and the confusion matrix (the report file,
-        and the dev scores a checkpoint keeps)."""
+        """The whole, stable layout: the summary, per-class scores, the share of each predicted class and the
+        confusion matrix (the report file, and the dev scores a checkpoint keeps)."""
         result = self.summary()
         result["per_class"] = {name: vars(score) for name, score in self.per_class().items()}
+        result["predicted_shares"] = self.predicted_shares
         result["confusion_matrix"] = {"labels": list(self.classes), "counts": [list(row) for row in self.confusion]}
         return result
 
