@@ -143,7 +143,7 @@ def plan_task(input_path: Path, output: Path, model: str, settings) -> PlannedFi
 
     labeller = _labeller(model, settings)
     plan = plan_shards(input_path, output, settings, labeller.fingerprint())
-    shares = dev_label_shares(labeller.loaded.contents)
+    shares = dev_label_shares(labeller.loaded.saved)
     return PlannedFile(plan, labeller.reference, labeller.model_name, labeller.parser_name, shares)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import mlflow
@@ -24,7 +25,7 @@ from spinn.labeling.drift import NO_REFERENCE, dev_label_shares, total_variation
 from spinn.labeling.settings import PROBABILITY_COLUMNS, LabelSettings
 from spinn.labeling.summary import LabelSummary, PredictionCounts
 from spinn.labeling.track import LABELING_EXPERIMENT, OUTPUT_TAG, label_metrics
-from spinn.model.checkpoint import load_checkpoint, save_checkpoint
+from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from spinn.tracking.store import ui_page, ui_url
 from spinn.training.metrics import Metrics
 from tests.test_label import smoke_pairs
@@ -130,9 +131,8 @@ def test_drift_is_measured_against_the_dev_shares_training_logged(smoke_model, s
 
 
 def test_a_model_without_dev_scores_labels_with_drift_skipped_and_a_note(smoke_model, store, tmp_path):
-    contents = load_checkpoint(smoke_model.checkpoint)
-    contents["metrics"] = None  # as last.pt, or a checkpoint saved before any dev evaluation
-    checkpoint = save_checkpoint(tmp_path / "no-dev.pt", contents)
+    saved = replace(load_checkpoint(smoke_model.checkpoint), metrics=None)  # as last.pt, or before any dev evaluation
+    checkpoint = save_checkpoint(tmp_path / "no-dev.pt", saved)
     printed = run_label(pairs_file(smoke_model, tmp_path), checkpoint, tmp_path / "out.parquet", "--track").output
     [run] = labelling_runs(store)
     assert NO_REFERENCE in printed and NO_REFERENCE in run.data.tags["mlflow.note.content"]
@@ -147,10 +147,10 @@ def test_without_track_the_cli_logs_nothing(smoke_model, store, tmp_path):
 
 def test_dev_label_shares_are_the_confusion_matrix_columns():
     metrics = Metrics(((3, 1, 0), (0, 2, 2), (1, 0, 1)))  # rows gold, columns predicted: 4, 3, 3 of 10
-    contents = {"metrics": metrics.to_json()}
-    assert dev_label_shares(contents) == pytest.approx({"entailment": 0.4, "neutral": 0.3, "contradiction": 0.3})
-    assert dev_label_shares({"metrics": None}) is None
-    assert dev_label_shares({}) is None
+    saved = Checkpoint(model_state={}, model_config={}, vocab={}, step=1, metrics=metrics.to_json())
+    assert dev_label_shares(saved) == pytest.approx({"entailment": 0.4, "neutral": 0.3, "contradiction": 0.3})
+    assert dev_label_shares(replace(saved, metrics=None)) is None
+    assert dev_label_shares(replace(saved, metrics={})) is None
 
 
 def test_total_variation_distance():

@@ -10,7 +10,7 @@ the total variation distance, 0 for the same shares, 1 for disjoint ones.
 
 from __future__ import annotations
 
-from typing import Any
+from spinn.model.checkpoint import Checkpoint
 
 DEV_SHARES_KEY = "predicted_shares"
 """Where a checkpoint's dev scores keep the share of each label the model predicted."""
@@ -20,9 +20,9 @@ NO_REFERENCE = (
 )
 
 
-def dev_label_shares(contents: dict[str, Any]) -> dict[str, float] | None:
+def dev_label_shares(saved: Checkpoint) -> dict[str, float] | None:
     """The share of each label in the model's predictions on dev, from its checkpoint; None when it has none."""
-    shares = (contents.get("metrics") or {}).get(DEV_SHARES_KEY)
+    shares = (saved.metrics or {}).get(DEV_SHARES_KEY)
     return None if not shares else {label: float(share) for label, share in shares.items()}
 
 

@@ -63,7 +63,7 @@ def label(
                     bars.close()
             summary = merge_shards(plan, results, labeller.model_name, labeller.parser_name)
             summary.parser_workers = labeller.parser.workers
-            summary.dev_shares = dev_label_shares(labeller.loaded.contents)
+            summary.dev_shares = dev_label_shares(labeller.loaded.saved)
         finally:
             labeller.close()
     summary.seconds = time.perf_counter() - started
