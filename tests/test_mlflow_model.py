@@ -155,9 +155,14 @@ def test_mlflow_models_predict_writes_the_same_predictions(smoke_model, store, p
 
 
 def child_env() -> dict[str, str]:
-    """The test's environment for a child process, with this checkout first on its path."""
+    """The test's environment for a child process: this checkout first on its Python path, and the venv's
+    bin on PATH (`mlflow models serve` starts `uvicorn` by name, as an activated environment would find it)."""
     root = str(Path(__file__).resolve().parents[1])
-    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    return {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])),
+        "PATH": os.pathsep.join([str(MLFLOW.parent), os.environ.get("PATH", "")]),
+    }
 
 
 def free_port() -> int:
@@ -197,6 +202,7 @@ def test_mlflow_models_serve_answers_invocations(smoke_model, store, pairs, tmp_
         with urllib.request.urlopen(request, timeout=60) as response:
             served = pd.DataFrame(json.loads(response.read())["predictions"])
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # the server's own session: its workers go with it
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGTERM)  # the server's own session: uvicorn goes with it
         server.communicate(timeout=30)
     assert_same_rows(served, labelled_by_spinn_label(pairs, model_uri(smoke_model), tmp_path), pairs)
