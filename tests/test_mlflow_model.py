@@ -206,3 +206,75 @@ def test_mlflow_models_serve_answers_invocations(smoke_model, store, pairs, tmp_
             os.killpg(server.pid, signal.SIGTERM)  # the server's own session: uvicorn goes with it
         server.communicate(timeout=30)
     assert_same_rows(served, labelled_by_spinn_label(pairs, model_uri(smoke_model), tmp_path), pairs)
+
+
+@pytest.fixture
+def release_store(tmp_path, monkeypatch) -> str:
+    """A store where release 0.1.0 registered its model as it did: the run's `model/` folder, @champion, tagged."""
+    import mlflow
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.chdir(tmp_path)
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("release-0.1.0")
+    with mlflow.start_run() as run:
+        for name in ("checkpoint.pt", "vocab.json", "config.json"):
+            mlflow.log_artifact(str(RELEASE / name), artifact_path="model")
+    client = mlflow.MlflowClient()
+    client.create_registered_model("spinn")
+    version = client.create_model_version(
+        "spinn", f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags=OLD_TAGS, description="spinn, old"
+    )
+    client.set_registered_model_alias("spinn", "champion", version.version)
+    return uri
+
+
+OLD_TAGS = {SELECTION_METRIC: "0.5", CHECKPOINT_TAG: "0" * 64, "test_accuracy": "0.4"}
+
+
+def release_pairs() -> pd.DataFrame:
+    table = pq.read_table(RELEASE / "pairs.parquet", columns=["pair_id", "premise", "hypothesis"])
+    return table.to_pandas()
+
+
+def test_a_0_1_0_version_still_labels_evaluates_and_draws_trees(release_store, tmp_path):
+    from spinn.labeling.trees import induce_trees
+    from spinn.training.evaluate import evaluate
+
+    labelled = labelled_by_spinn_label(add_refused(release_pairs()), "models:/spinn/1", tmp_path)
+    assert len(labelled) == len(release_pairs())
+    metrics = evaluate("models:/spinn/1", RELEASE / "pairs.parquet", tmp_path / "metrics.json")
+    assert metrics.examples == len(release_pairs())
+    sentences = tmp_path / "sentences.txt"
+    sentences.write_text("A dog runs .\nTwo men play music on a stage .\n", encoding="utf-8")
+    assert induce_trees("models:/spinn/1", sentences, tmp_path / "trees.txt") == 2
+
+
+def add_refused(pairs: pd.DataFrame) -> pd.DataFrame:
+    pairs = pairs.copy()
+    pairs.loc[len(pairs)] = ["empty", EMPTY, "A dog runs."]
+    return pairs
+
+
+def test_relog_model_makes_a_0_1_0_version_a_logged_model_keeping_aliases_and_tags(release_store, tmp_path):
+    import mlflow
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    result = CliRunner().invoke(main, ["relog-model", "models:/spinn@champion"])
+    assert result.exit_code == 0, result.output
+    assert "models:/spinn/1 re-registered as models:/spinn/2" in result.output
+    client = mlflow.MlflowClient()
+    new = client.get_model_version_by_alias("spinn", "champion")
+    old = client.get_model_version("spinn", "1")
+    assert str(new.version) == "2" and new.source.startswith("models:/m-") and new.run_id == old.run_id
+    assert new.tags == {**OLD_TAGS, "relogged_from": "models:/spinn/1"} and new.description == "spinn, old"
+    logged = mlflow.get_logged_model(new.source.removeprefix("models:/"))
+    assert logged.source_run_id == old.run_id and {metric.key for metric in logged.metrics} >= {"dev_accuracy"}
+    pairs = add_refused(release_pairs())
+    served = mlflow.pyfunc.load_model("models:/spinn@champion").predict(pairs[["premise", "hypothesis"]])
+    assert_same_rows(served, labelled_by_spinn_label(pairs, "models:/spinn/1", tmp_path), pairs)
+    again = CliRunner().invoke(main, ["relog-model", "models:/spinn/2"])
+    assert again.exit_code == 1 and "is a logged model already" in again.output
