@@ -278,3 +278,42 @@ def test_relog_model_makes_a_0_1_0_version_a_logged_model_keeping_aliases_and_ta
     assert_same_rows(served, labelled_by_spinn_label(pairs, "models:/spinn/1", tmp_path), pairs)
     again = CliRunner().invoke(main, ["relog-model", "models:/spinn/2"])
     assert again.exit_code == 1 and "is a logged model already" in again.output
+
+
+def untrained_pi_model(path: Path) -> Path:
+    """A pi model (it reads parser trees, it cannot build its own) on the release's vocabulary, random
+    weights: enough to show which trees reach it."""
+    from spinn.model.checkpoint import load_checkpoint, save_checkpoint
+    from spinn.model.config import SPINNConfig
+    from spinn.model.spinn import SPINN
+
+    release = load_checkpoint(RELEASE / "checkpoint.pt")
+    config = SPINNConfig.from_dict({**release["model_config"], "variant": "pi"})
+    torch.manual_seed(0)
+    model = SPINN(config, torch.randn(len(release["vocab"]["tokens"]), config.d_embed))
+    contents = {"model_state": model.state_dict(), "model_config": config.to_dict(), "vocab": release["vocab"]}
+    return save_checkpoint(path, {**contents, "step": 0, "metrics": None})
+
+
+@pytest.mark.stanza
+def test_a_model_that_needs_parses_serves_with_stanza_as_spinn_label_does(tmp_path, monkeypatch):
+    """No parser setting is given to the pyfunc: it parses with Stanza, as logged with the model."""
+    import mlflow
+
+    from spinn.parsing.parser import ParserSettings
+    from spinn.tracking.register import log_model
+    from tests.test_label import stanza_dir
+
+    monkeypatch.setenv("SPINN_STANZA_DIR", str(stanza_dir()))
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    checkpoint = untrained_pi_model(tmp_path / "pi.pt")
+    with mlflow.start_run() as run:
+        model_id = log_model(run.info.run_id, checkpoint, RELEASE / "vocab.json", RELEASE / "config.json", {})
+    pairs = add_refused(release_pairs().head(7))
+    served = mlflow.pyfunc.load_model(f"models:/{model_id}").predict(pairs[["premise", "hypothesis"]])
+    source = tmp_path / "pairs.csv"
+    pairs.to_csv(source, index=False)
+    parsing = ParserSettings(stanza_dir=stanza_dir(), cache_path=None, workers=1, device="cpu")
+    label(source, checkpoint, tmp_path / "out.parquet", LabelSettings(parser="stanza", device="cpu", parsing=parsing))
+    assert_same_rows(served, pq.read_table(tmp_path / "out.parquet").to_pandas(), pairs)

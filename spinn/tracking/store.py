@@ -473,7 +473,11 @@ class PythonModelSpec:
 
 def log_python_model(run_id: str, spec: PythonModelSpec, metrics: dict[str, float]) -> str:
     """Log `spec` as an MLflow 3 logged model of `run_id` (its "Logged models"), with `metrics` linked to
-    it; returns its model id. Works with or without `run_id` active (training, or re-logging later)."""
+    it; returns its model id. Works with or without `run_id` active (training, or re-logging later).
+
+    MLflow checks that the input example serves: it loads the model and predicts it, so a model that needs
+    parses loads Stanza here (SPINN_STANZA_DIR, else Stanza's models, downloaded when missing); a failure
+    is MLflow's warning, and the model is logged all the same."""
     import pandas as pd
 
     mlflow = _mlflow(write=True)
