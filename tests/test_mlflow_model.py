@@ -301,6 +301,7 @@ def test_a_model_that_needs_parses_serves_with_stanza_as_spinn_label_does(tmp_pa
     import mlflow
 
     from spinn.parsing.parser import ParserSettings
+    from spinn.tracking import store as tracking
     from spinn.tracking.register import log_model
     from tests.test_label import stanza_dir
 
@@ -308,8 +309,8 @@ def test_a_model_that_needs_parses_serves_with_stanza_as_spinn_label_does(tmp_pa
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
     monkeypatch.chdir(tmp_path)
     checkpoint = untrained_pi_model(tmp_path / "pi.pt")
-    with mlflow.start_run() as run:
-        model_id = log_model(run.info.run_id, checkpoint, RELEASE / "vocab.json", RELEASE / "config.json", {})
+    with tracking.run("pi-model") as run_id:
+        model_id = log_model(run_id, checkpoint, RELEASE / "vocab.json", RELEASE / "config.json", {})
     pairs = add_refused(release_pairs().head(7))
     served = mlflow.pyfunc.load_model(f"models:/{model_id}").predict(pairs[["premise", "hypothesis"]])
     source = tmp_path / "pairs.csv"
