@@ -318,3 +318,22 @@ def test_a_model_that_needs_parses_serves_with_stanza_as_spinn_label_does(tmp_pa
     parsing = ParserSettings(stanza_dir=stanza_dir(), cache_path=None, workers=1, device="cpu")
     label(source, checkpoint, tmp_path / "out.parquet", LabelSettings(parser="stanza", device="cpu", parsing=parsing))
     assert_same_rows(served, pq.read_table(tmp_path / "out.parquet").to_pandas(), pairs)
+
+
+def test_logging_a_checkpoint_again_keeps_the_logged_model_the_run_has(tmp_path, monkeypatch):
+    """A retried flow or a resumed run publishes its best checkpoint again: one model, not two."""
+    import mlflow
+
+    from spinn.tracking import store as tracking
+    from spinn.tracking.register import log_model
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    files = [RELEASE / name for name in ("checkpoint.pt", "vocab.json", "config.json")]
+    with tracking.run("relogged") as run_id:
+        first = log_model(run_id, *files, {"accuracy": 0.5, "per_class": {}})
+        assert log_model(run_id, *files, {"accuracy": 0.5}) == first
+    experiment = mlflow.MlflowClient().get_run(run_id).info.experiment_id
+    found = mlflow.search_logged_models(experiment_ids=[experiment], output_format="list")
+    assert [model.model_id for model in found] == [first]
+    assert {metric.key: metric.value for metric in found[0].metrics} == {"dev_accuracy": 0.5}

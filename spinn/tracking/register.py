@@ -154,7 +154,13 @@ def log_model(
     package, whose files are the checkpoint (read with weights_only), vocabulary and config, and whose dev
     scores are linked to it; returns its model id. `register_model` then registers it.
 
+    A run that logged this checkpoint already (a retried flow, a resumed run) keeps the model it has.
+
     parser: the settings a model that needs parses is served with (default: Stanza's defaults)."""
+    digest = file_digest(Path(checkpoint), "sha256")
+    logged = tracking.logged_model_of_run(run_id, CHECKPOINT_TAG, digest)
+    if logged is not None:
+        return logged
     spec = PythonModelSpec(
         name=LOGGED_MODEL_NAME,
         code=MODEL_CODE,
@@ -164,7 +170,7 @@ def log_model(
         input_example=INPUT_EXAMPLE,
         requirements=[f"spinn=={installed_version('spinn')}"],
         model_config={PARSING_CONFIG: (parser or ParserSettings()).model_dump(include=set(LOGGED_PARSER_SETTINGS))},
-        tags={CHECKPOINT_TAG: file_digest(Path(checkpoint), "sha256")},
+        tags={CHECKPOINT_TAG: digest},
     )
     return tracking.log_python_model(run_id, spec, dev_scores(dev_metrics))
 

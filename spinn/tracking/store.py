@@ -517,16 +517,18 @@ def _signature(inputs: list[ColumnSpec], outputs: list[ColumnSpec]):
 
 
 def logged_model_of_run(run_id: str, tag: str, value: str) -> str | None:
-    """The id of the newest logged model of `run_id` whose `tag` is `value`, or None."""
+    """The id of the newest complete logged model of `run_id` whose `tag` is `value`, or None (one whose
+    logging was cut short stays PENDING and is passed over)."""
+    from mlflow.entities import LoggedModelStatus
+
     client = _client()
     experiment_id = client.get_run(run_id).info.experiment_id
     found = client.search_logged_models(
         experiment_ids=[experiment_id],
         filter_string=f"source_run_id = '{run_id}' AND tags.`{tag}` = '{value}'",
         order_by=[{"field_name": "creation_time", "ascending": False}],
-        max_results=1,
     )
-    return found[0].model_id if found else None
+    return next((model.model_id for model in found if model.status == LoggedModelStatus.READY), None)
 
 
 @dataclass(frozen=True)
