@@ -8,7 +8,7 @@ import click
 @click.command("relog-model")
 @click.argument("model_uri", metavar="MODEL")
 def relog_model(model_uri: str) -> None:
-    """Re-register a version registered before spinn 0.2 (a folder of files, e.g. models:/spinn/3) as an
+    """Re-register a version registered as a folder of files (spinn 0.1.0 and before; e.g. models:/spinn/3) as an
     MLflow logged model, without retraining: its tags and description are copied and its aliases move to
     the new version, which `mlflow.pyfunc.load_model` and `mlflow models serve` can load."""
     from spinn.serving.relog import relog_version

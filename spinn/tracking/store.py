@@ -344,7 +344,7 @@ def git_commit(directory: Path = Path(".")) -> str:
 
 
 def register(name: str, run_id: str, tags: dict[str, str], description: str = "", model_id: str | None = None) -> str:
-    """Register the run's logged model `model_id` (else, as releases before 0.2 did, the run's `model/`
+    """Register the run's logged model `model_id` (else, as release 0.1.0 did, the run's `model/`
     folder) as a new version of `name`, with `tags`; returns the version.
 
     The registered model is created when missing; one created meanwhile by a process outside the store
