@@ -150,8 +150,17 @@ def test_mlflow_models_predict_writes_the_same_predictions(smoke_model, store, p
     command += ["--env-manager", "local", "-o", str(output)]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=child_env())
     assert finished.returncode == 0, finished.stderr[-3000:]
-    served = pd.DataFrame(json.loads(output.read_text())["predictions"])
+    served = pd.DataFrame(strict_json(output.read_text())["predictions"])
     assert_same_rows(served, labelled_by_spinn_label(pairs, model_uri(smoke_model), tmp_path), pairs)
+
+
+def strict_json(text: str | bytes) -> dict:
+    """JSON as a browser reads it: NaN or Infinity (Python's json accepts them) fail the test."""
+
+    def refuse(constant: str):
+        raise AssertionError(f"{constant} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
 
 
 def child_env() -> dict[str, str]:
@@ -200,7 +209,7 @@ def test_mlflow_models_serve_answers_invocations(smoke_model, store, pairs, tmp_
             f"{url}/invocations", data=body, headers={"Content-Type": "application/json"}, method="POST"
         )
         with urllib.request.urlopen(request, timeout=60) as response:
-            served = pd.DataFrame(json.loads(response.read())["predictions"])
+            served = pd.DataFrame(strict_json(response.read())["predictions"])
     finally:
         if server.poll() is None:
             os.killpg(server.pid, signal.SIGTERM)  # the server's own session: uvicorn goes with it

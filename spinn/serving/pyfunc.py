@@ -38,8 +38,11 @@ class SpinnModel(PythonModel):
         self.labeller = Labeller(checkpoint, serving_settings(checkpoint, context.model_config or {}))
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        """Object columns: a refused pair's missing values stay None, which the server writes as JSON null
+        (pandas would make them NaN, which JSON has no word for)."""
         premises, hypotheses = (model_input[name].astype(str).tolist() for name in SENTENCES)
-        return pd.DataFrame(label_texts(self.labeller, premises, hypotheses), columns=list(OUTPUT_COLUMNS))
+        rows = label_texts(self.labeller, premises, hypotheses)
+        return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS), dtype=object)
 
 
 def serving_settings(checkpoint: Path, model_config: dict[str, Any]) -> LabelSettings:
