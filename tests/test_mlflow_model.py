@@ -346,3 +346,12 @@ def test_logging_a_checkpoint_again_keeps_the_logged_model_the_run_has(tmp_path,
     found = mlflow.search_logged_models(experiment_ids=[experiment], output_format="list")
     assert [model.model_id for model in found] == [first]
     assert {metric.key: metric.value for metric in found[0].metrics} == {"dev_accuracy": 0.5}
+
+
+def test_a_missing_sentence_is_refused_not_labelled_as_the_text_none(smoke_model, store):
+    import mlflow
+
+    frame = pd.DataFrame({"premise": ["A dog runs.", None], "hypothesis": ["A dog moves.", "A cat sleeps."]})
+    served = mlflow.pyfunc.load_model(model_uri(smoke_model)).predict(frame)
+    assert served.rejected.tolist() == [None, "empty_sentence"]
+    assert served.label[0] in ("entailment", "neutral", "contradiction") and served.label[1] is None

@@ -11,6 +11,7 @@ logged with the model (`parsing` in its model_config).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +37,17 @@ class SpinnModel(PythonModel):
     def load_context(self, context) -> None:
         checkpoint = Path(context.artifacts[CHECKPOINT_ARTIFACT])
         self.labeller = Labeller(checkpoint, serving_settings(checkpoint, context.model_config or {}))
+        self.busy = threading.Lock()
+        """One request at a time through the labeller: the server may call predict from several threads,
+        and the parser and the model's inference step keep state between batches."""
 
     def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
-        """Object columns: a refused pair's missing values stay None, which the server writes as JSON null
-        (pandas would make them NaN, which JSON has no word for)."""
-        premises, hypotheses = (model_input[name].astype(str).tolist() for name in SENTENCES)
-        rows = label_texts(self.labeller, premises, hypotheses)
+        """A missing sentence counts as empty (refused: `empty_sentence`). Object columns: a refused pair's
+        missing values stay None, which the server writes as JSON null (pandas would make them NaN, which
+        JSON has no word for)."""
+        premises, hypotheses = (model_input[name].fillna("").astype(str).tolist() for name in SENTENCES)
+        with self.busy:
+            rows = label_texts(self.labeller, premises, hypotheses)
         return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS), dtype=object)
 
 
