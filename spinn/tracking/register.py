@@ -7,6 +7,14 @@ the run's latest metric cannot describe an older version, and the digest lets
 a rerun (a retried Prefect flow, a repeated `dvc repro`) find the version it
 already made instead of registering the same model twice.
 
+What is registered is an MLflow 3 logged model of the run (`log_model`): a
+pyfunc whose code is the installed spinn package (spinn/serving, named by its
+file, run by MLflow wherever the model loads), whose files are the checkpoint,
+vocabulary and config, with a signature, an input example and the dev scores
+linked, so `mlflow.pyfunc.load_model`, `mlflow models serve` and `mlflow
+models predict` take `models:/spinn@champion`. Runs logged before that have a
+`model/` folder instead, and register it as before.
+
 Promotion is atomic among spinn processes: the whole read-compare-set runs
 under the store's file lock, so two models registered at the same instant
 end with the better one as champion. After setting the alias it is read
