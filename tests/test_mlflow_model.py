@@ -62,6 +62,16 @@ def store(smoke_model, tmp_path_factory) -> str:
         yield uri
 
 
+@pytest.fixture(autouse=True)
+def mlflow_reads_the_store_of_the_environment() -> None:
+    """MLflow keeps the last tracking URI set in the process (spinn's door sets it at every call): point it
+    at the store MLFLOW_TRACKING_URI names now, so an earlier test's store never answers this one."""
+    import mlflow
+
+    if "MLFLOW_TRACKING_URI" in os.environ:
+        mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+
+
 @pytest.fixture(scope="module")
 def pairs(smoke_model) -> pd.DataFrame:
     """The smoke test split's first pairs, raw text, and one pair the parser must refuse."""
