@@ -436,7 +436,6 @@ def download_checkpoint(uri: str, destination: Path) -> Path:
 
 LOGGED_MODEL_ARTIFACTS_DIR = "artifacts"
 """Where a pyfunc model keeps the files it was logged with (MLflow's layout: <model>/artifacts/<file>)."""
-MLMODEL_FILE = "MLmodel"
 
 
 def _checkpoint_in(folder: Path) -> Path:
