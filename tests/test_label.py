@@ -267,7 +267,7 @@ def test_bad_rows_are_listed_with_reasons_while_good_rows_are_labelled(smoke_mod
 def test_sentences_whose_tree_the_model_builds_reach_it_as_tokens_only(smoke_model, tmp_path, monkeypatch):
     """With parser `model` no sentence has a parse: the model gets its tokens and no stand-in tree (nothing
     it could read by mistake), and every recorded tree is over exactly the sentence's tokens."""
-    import spinn.labeling.shard as shard_module
+    import spinn.labeling.predictions as predictions_module
     from spinn.inference.predict import predict
 
     seen = []
@@ -276,7 +276,7 @@ def test_sentences_whose_tree_the_model_builds_reach_it_as_tokens_only(smoke_mod
         seen.extend(examples)
         return predict(model, examples, *args, **kwargs)
 
-    monkeypatch.setattr(shard_module, "predict", recorded)
+    monkeypatch.setattr(predictions_module, "predict", recorded)
     rows = smoke_pairs(smoke_model, 5)
     source = write_rows(tmp_path / "pairs.csv", rows)
     label(source, smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path, parser="model"))

@@ -22,6 +22,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("spinn.inference",),  # the one predict(): evaluation, labelling and trees run on it
     ("spinn.training",),
     ("spinn.labeling",),
+    ("spinn.serving",),  # the registered model as an MLflow pyfunc: labelling behind MLflow's interface
     ("spinn.cli", "spinn.bench", "spinn.opcount", "spinn.options"),  # entry points and measurement
 )
 """Bottom to top. A module may import from its own layer and the ones below it, never above."""

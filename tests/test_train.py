@@ -113,8 +113,8 @@ def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
     ):
         assert metric in run.data.metrics, metric
     assert [m.step for m in client.get_metric_history(result.run_id, "train_loss")] == [1, 2]
-    artifacts = {item.path for item in client.list_artifacts(result.run_id, "model")}
-    assert artifacts == {"model/checkpoint.pt", "model/vocab.json", "model/config.json"}
+    model = Path(mlflow.artifacts.download_artifacts(f"runs:/{result.run_id}/model", dst_path=str(workdir / "dl")))
+    assert {path.name for path in (model / "artifacts").iterdir()} == {"checkpoint.pt", "vocab.json", "config.json"}
     champion = client.get_model_version_by_alias("spinn-test", "champion")
     assert str(champion.version) == "1" and champion.run_id == result.run_id
     contents = torch.load(result.best_checkpoint, weights_only=True)  # the file is the same plain dict as ever

@@ -42,6 +42,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "parse": ("spinn.cli.labeling", "parse"),
     "label": ("spinn.cli.labeling", "label"),
     "trees": ("spinn.cli.labeling", "trees"),
+    "relog-model": ("spinn.cli.serving", "relog_model"),
     "bench": ("spinn.cli.benchmark", "bench"),
     "bench-label": ("spinn.cli.benchmark", "bench_label"),
 }

@@ -9,29 +9,22 @@ the reason, and never reach the model.
 from __future__ import annotations
 
 import json
-import time
 from collections import Counter
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spinn.data.example import Example
 from spinn.data.rejects import Reject
-from spinn.data.schema import LABELS
-from spinn.data.vocab import Vocabulary, unknown_count
-from spinn.inference.predict import Predictions, predict
 from spinn.io import atomic_path
 from spinn.labeling.labeller import Labeller
+from spinn.labeling.predictions import Sentence, SentencePair, label_pairs
 from spinn.labeling.progress import LabelProgress, ShardShare
-from spinn.labeling.settings import OUTPUT_SCHEMA, PROBABILITY_COLUMNS, TOKENS_KEY, UNKNOWN_TOKENS_KEY
+from spinn.labeling.settings import OUTPUT_SCHEMA, TOKENS_KEY, UNKNOWN_TOKENS_KEY
 from spinn.labeling.shards import ShardPlan, read_lines, shard_rows, write_jsonl
 from spinn.labeling.summary import ShardResult
-from spinn.parsing.cpu import torch_threads
 from spinn.parsing.parse import SENTENCES
-from spinn.parsing.protocol import Parsed, PendingParse, Unparsed
-from spinn.trees.transitions import transitions_to_tree
-from spinn.trees.tree import format_binary
+from spinn.parsing.protocol import PendingParse, Unparsed
 
 
 @dataclass
@@ -94,16 +87,7 @@ def _reused(plan: ShardPlan, index: int) -> ShardResult:
     )
 
 
-@dataclass(frozen=True)
-class _Sentence:
-    tokens: list[str]
-    transitions: list[int] | None  # None: the model predicts them
-    tree: str | None
-
-
-def _sentence_trees(
-    parse: ShardParse, source: str, result: ShardResult
-) -> tuple[dict[int, tuple[_Sentence, _Sentence]], list[dict]]:
+def _sentence_trees(parse: ShardParse, source: str, result: ShardResult) -> tuple[dict[int, SentencePair], list[dict]]:
     """Row -> (premise, hypothesis) ready for the model, and a reject for every row that is not."""
     analysed = parse.pending.result()
     parse.share.finish()
@@ -115,7 +99,7 @@ def _sentence_trees(
             ((name, s) for name, s in zip(SENTENCES, sentences, strict=True) if isinstance(s, Unparsed)), None
         )
         if failed is None:
-            trees[pair["row"]] = tuple(_as_sentence(s) for s in sentences)
+            trees[pair["row"]] = tuple(Sentence.from_parsed(s) for s in sentences)
         else:
             name, problem = failed
             raw = json.dumps(pair, ensure_ascii=False)
@@ -124,68 +108,30 @@ def _sentence_trees(
     return trees, rejects
 
 
-def _as_sentence(analysed: Parsed) -> _Sentence:
-    """Tokens only (no transitions) means the model builds the tree."""
-    if not analysed.transitions:
-        return _Sentence(list(analysed.tokens), None, None)
-    return _Sentence(list(analysed.tokens), list(analysed.transitions), analysed.binary_parse)
-
-
 def _predict(
     pairs: list[dict], trees: dict, labeller: Labeller, result: ShardResult, progress: LabelProgress | None
 ) -> list[dict]:
-    """The model over the shard's parsed pairs (the one inference loop); the order of rows changes no number."""
-    if not pairs:
-        return []
-    vocabulary, model = labeller.loaded.vocabulary, labeller.loaded.model
-    examples = [_example(trees[pair["row"]], vocabulary) for pair in pairs]
-    result.tokens, result.unknown_tokens = unknown_count(ids for e in examples for ids in (e.premise, e.hypothesis))
-    start = time.perf_counter()
-    with torch_threads(labeller.settings.threads):
-        found = predict(
-            model,
-            examples,
-            next(model.parameters()).device,
-            labeller.settings.batch_size,
-            labeller.source,
-            step=labeller.step,
-            on_batch=None if progress is None else progress.labelled,
-        )
-    result.model_seconds = time.perf_counter() - start
-    return [_output_row(pair, trees[pair["row"]], found, i, labeller) for i, pair in enumerate(pairs)]
-
-
-def _example(sentences: tuple[_Sentence, _Sentence], vocabulary: Vocabulary) -> Example:
-    """A pair for the model: a sentence whose tree the model builds comes as tokens only."""
-    premise, hypothesis = sentences
-    return Example(
-        tuple(vocabulary.encode(premise.tokens)),
-        tuple(premise.transitions or ()),
-        tuple(vocabulary.encode(hypothesis.tokens)),
-        tuple(hypothesis.transitions or ()),
+    """The shared labelling step over the shard's parsed pairs, each row completed with the pair it labels."""
+    labelled = label_pairs(
+        labeller, [trees[pair["row"]] for pair in pairs], None if progress is None else progress.labelled
     )
+    result.tokens, result.unknown_tokens, result.model_seconds = (
+        labelled.tokens,
+        labelled.unknown_tokens,
+        labelled.seconds,
+    )
+    return [_output_row(pair, row, labeller) for pair, row in zip(pairs, labelled.rows, strict=True)]
 
 
-def _output_row(pair: dict, sentences: tuple, found: Predictions, index: int, labeller: Labeller) -> dict:
-    """One output row: the pair, its label and probabilities, and a tree per sentence (the parser's, or the
-    one the model built)."""
-    ran = (found.premise_transitions[index], found.hypothesis_transitions[index])
-    trees = [
-        sentence.tree or format_binary(transitions_to_tree(sentence.tokens, list(steps)))
-        for sentence, steps in zip(sentences, ran, strict=True)
-    ]
-    row = {
+def _output_row(pair: dict, predicted: dict, labeller: Labeller) -> dict:
+    """One output row: the pair, what the model said about it, and which model and parser said it."""
+    return {
         "pair_id": pair["pair_id"],
         "row": pair["row"],
         "premise": pair["premise"],
         "hypothesis": pair["hypothesis"],
-        "label": LABELS[int(found.labels[index])],
-        "premise_tree": trees[0],
-        "hypothesis_tree": trees[1],
+        **predicted,
         "gold_label": pair["gold_label"],
         "model": labeller.model_name,
         "parser": labeller.parser_name,
     }
-    probabilities = found.probabilities[index].tolist()  # (C,)
-    row.update({name: float(value) for name, value in zip(PROBABILITY_COLUMNS, probabilities, strict=True)})
-    return row

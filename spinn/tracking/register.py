@@ -7,6 +7,14 @@ the run's latest metric cannot describe an older version, and the digest lets
 a rerun (a retried Prefect flow, a repeated `dvc repro`) find the version it
 already made instead of registering the same model twice.
 
+What is registered is an MLflow 3 logged model of the run (`log_model`): a
+pyfunc whose code is the installed spinn package (spinn/serving, named by its
+file, run by MLflow wherever the model loads), whose files are the checkpoint,
+vocabulary and config, with a signature, an input example and the dev scores
+linked, so `mlflow.pyfunc.load_model`, `mlflow models serve` and `mlflow
+models predict` take `models:/spinn@champion`. Runs logged before that have a
+`model/` folder instead, and register it as before.
+
 Promotion is atomic among spinn processes: the whole read-compare-set runs
 under the store's file lock, so two models registered at the same instant
 end with the better one as champion. After setting the alias it is read
@@ -23,17 +31,48 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib.metadata import version as installed_version
+from numbers import Real
 from pathlib import Path
 from typing import Any
 
 import torch
 
+import spinn
+from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
 from spinn.io import file_digest
+from spinn.parsing.parse import SENTENCES
+from spinn.parsing.settings import ParserSettings
 from spinn.tracking import store as tracking
+from spinn.tracking.store import ColumnSpec, PythonModelSpec
 
 SELECTION_METRIC = "best_dev_accuracy"
 CHECKPOINT_TAG = "checkpoint_sha256"
+LOGGED_MODEL_NAME = "model"
+"""The logged model's name in its run: `runs:/<run>/model` finds it, as it found the folder before."""
+MODEL_CODE = Path(spinn.__file__).parent / "serving" / "model_code.py"
+"""The models-from-code file MLflow runs to build the model. Named by path, not imported: it is the model's
+code (spinn/serving, above this layer), which runs wherever the model is loaded."""
+CHECKPOINT_ARTIFACT, VOCABULARY_ARTIFACT, CONFIG_ARTIFACT = "checkpoint", "vocabulary", "config"
+"""The logged model's files, as the pyfunc finds them in context.artifacts."""
+PARSING_CONFIG = "parsing"
+"""The model_config key of the parser settings a model that needs parses is served with."""
+LOGGED_PARSER_SETTINGS = ("language", "max_tokens", "pretokenized")
+"""What of ParserSettings travels with the model: how its input is parsed, not where this machine keeps things."""
+MODEL_INPUTS = [ColumnSpec(name, "string") for name in SENTENCES]
+MODEL_OUTPUTS = [
+    ColumnSpec("label", "string", required=False),
+    *(ColumnSpec(f"p_{label}", "double", required=False) for label in LABELS),
+    *(ColumnSpec(f"{name}_tree", "string", required=False) for name in SENTENCES),
+    ColumnSpec("rejected", "string", required=False),
+]
+"""The pyfunc's columns (spinn/labeling/predictions.py makes them; a test holds the two together). A pair the
+parser refuses has only `rejected` set."""
+INPUT_EXAMPLE = [
+    {"premise": "A man is playing a guitar on a stage.", "hypothesis": "A man is performing music."},
+    {"premise": "Two dogs run through a field.", "hypothesis": "The dogs are asleep."},
+]
 PROMOTION_ATTEMPTS = 3
 """Times the alias is set and read back before a writer outside the store lock that keeps moving it wins."""
 
@@ -90,9 +129,11 @@ def register_model(
     description: str = "",
     tags: dict[str, str] | None = None,
 ) -> Registration:
-    """Register the run's `model/` folder once per checkpoint; move `alias` if it beats the champion on dev."""
+    """Register the run's logged model of this checkpoint (a run without one: its `model/` folder) once per
+    checkpoint; move `alias` if it beats the champion on dev."""
     check_finite(Path(checkpoint), dev_accuracy)
     digest = file_digest(Path(checkpoint), "sha256")
+    model_id = tracking.logged_model_of_run(run_id, CHECKPOINT_TAG, digest)
     with tracking.store_lock():
         champion = tracking.alias_metric(name, alias, SELECTION_METRIC)
         for version, version_tags in tracking.versions_of_run(name, run_id):
@@ -100,7 +141,7 @@ def register_model(
                 is_champion = tracking.alias_version(name, alias) == version
                 return Registration(name, version, alias, False, is_champion, False, champion)
         version_tags = {**(tags or {}), SELECTION_METRIC: repr(float(dev_accuracy)), CHECKPOINT_TAG: digest}
-        version = tracking.register(name, run_id, version_tags, description=description)
+        version = tracking.register(name, run_id, version_tags, description=description, model_id=model_id)
         promoted = _promote(name, alias, version, dev_accuracy)
     return Registration(name, version, alias, promoted, promoted, True, champion)
 
@@ -143,3 +184,46 @@ def _promote(name: str, alias: str, version: str, dev_accuracy: float) -> bool:
             return False
         tracking.set_alias(name, alias, version)
     return tracking.alias_version(name, alias) == version
+
+
+def log_model(
+    run_id: str,
+    checkpoint: Path,
+    vocabulary: Path,
+    config: Path,
+    dev_metrics: dict,
+    parser: ParserSettings | None = None,
+) -> str:
+    """Log the model as an MLflow 3 logged model of `run_id`: a pyfunc whose code is the installed spinn
+    package, whose files are the checkpoint (read with weights_only), vocabulary and config, and whose dev
+    scores are linked to it; returns its model id. `register_model` then registers it.
+
+    A run that logged this checkpoint already (a retried flow, a resumed run) keeps the model it has.
+
+    parser: the settings a model that needs parses is served with (default: Stanza's defaults)."""
+    digest = file_digest(Path(checkpoint), "sha256")
+    logged = tracking.logged_model_of_run(run_id, CHECKPOINT_TAG, digest)
+    if logged is not None:
+        return logged
+    spec = PythonModelSpec(
+        name=LOGGED_MODEL_NAME,
+        code=MODEL_CODE,
+        artifacts={CHECKPOINT_ARTIFACT: checkpoint, VOCABULARY_ARTIFACT: vocabulary, CONFIG_ARTIFACT: config},
+        inputs=MODEL_INPUTS,
+        outputs=MODEL_OUTPUTS,
+        input_example=INPUT_EXAMPLE,
+        requirements=[f"spinn=={installed_version('spinn')}"],
+        model_config={PARSING_CONFIG: (parser or ParserSettings()).model_dump(include=set(LOGGED_PARSER_SETTINGS))},
+        tags={CHECKPOINT_TAG: digest},
+    )
+    return tracking.log_python_model(run_id, spec, dev_scores(dev_metrics))
+
+
+def dev_scores(metrics: dict) -> dict[str, float]:
+    """`dev_accuracy`, `dev_macro_f1`, ...: a checkpoint's headline dev numbers, as the logged model's metrics
+    (per-class scores and the confusion matrix stay in the run's dev/ artifacts)."""
+    return {
+        f"dev_{key}": float(value)
+        for key, value in (metrics or {}).items()
+        if isinstance(value, Real) and not isinstance(value, bool)
+    }

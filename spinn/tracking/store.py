@@ -2,10 +2,11 @@
 
 The store is MLflow's default local sqlite file (`sqlite:///mlflow.db` in the
 working directory) unless MLFLOW_TRACKING_URI says otherwise, so `mlflow ui`
-run in the project shows every run. A registered model version points at the
-run's `model/` artifact folder, which holds the plain checkpoint, the
-vocabulary and the config: loading a model never unpickles anything
-(`spinn.model.checkpoint` reads it with weights_only).
+run in the project shows every run. A registered version is an MLflow 3
+logged model (spinn/tracking/register.py `log_model`) whose artifacts are the
+plain checkpoint, vocabulary and config; versions registered by 0.1.0 point at
+the run's `model/` folder with the same files. Either way loading a model
+never unpickles anything (`spinn.model.checkpoint` reads it with weights_only).
 
 Processes share the store through one file lock (`store_lock`: beside a
 sqlite store, else in SPINN_LOCK_DIR). A process opens the store under it
@@ -29,6 +30,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
@@ -377,12 +379,6 @@ def log_artifact(path: Path, artifact_dir: str | None = None) -> None:
     _mlflow().log_artifact(str(path), artifact_path=artifact_dir)
 
 
-def log_model_files(files: list[Path]) -> None:
-    """Put the checkpoint and its companions under the run's `model/` artifact folder."""
-    for path in files:
-        log_artifact(path, MODEL_ARTIFACT_DIR)
-
-
 def git_commit(directory: Path = Path(".")) -> str:
     """The commit the code ran from ('unknown' outside git), for the run's tags."""
     try:
@@ -394,8 +390,9 @@ def git_commit(directory: Path = Path(".")) -> str:
     return result.stdout.strip() or "unknown"
 
 
-def register(name: str, run_id: str, tags: dict[str, str], description: str = "") -> str:
-    """Register the run's `model/` folder as a new version of `name`, with `tags`; returns the version.
+def register(name: str, run_id: str, tags: dict[str, str], description: str = "", model_id: str | None = None) -> str:
+    """Register the run's logged model `model_id` (else, as release 0.1.0 did, the run's `model/`
+    folder) as a new version of `name`, with `tags`; returns the version.
 
     The registered model is created when missing; one created meanwhile by a process outside the store
     lock (the MLflow UI, another tool) is taken as it is."""
@@ -409,9 +406,10 @@ def register(name: str, run_id: str, tags: dict[str, str], description: str = ""
         except MlflowException as error:
             if error.error_code != ErrorCode.Name(RESOURCE_ALREADY_EXISTS):
                 raise
-    run_info = client.get_run(run_id).info
-    source = f"{run_info.artifact_uri}/{MODEL_ARTIFACT_DIR}"
-    version = client.create_model_version(name, source, run_id=run_id, description=description, tags=tags)
+    source = f"models:/{model_id}" if model_id else f"{client.get_run(run_id).info.artifact_uri}/{MODEL_ARTIFACT_DIR}"
+    version = client.create_model_version(
+        name, source, run_id=run_id, description=description, tags=tags, model_id=model_id
+    )
     return str(version.version)
 
 
@@ -474,13 +472,8 @@ def is_model_uri(reference: str) -> bool:
 
 def download_checkpoint(uri: str, destination: Path) -> Path:
     """Fetch a registered or logged model folder (`models:/spinn@champion`) and return its checkpoint."""
-    mlflow = _mlflow()
-    try:
-        local = Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination)))
-    except Exception as error:  # MlflowException, OSError: report the URI and the store
-        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise SpinnError(f"{uri}: cannot fetch the model from {tracking_uri()} ({reason})") from None
-    checkpoint = local / CHECKPOINT_NAME if local.is_dir() else local
+    local = download_model(uri, destination)
+    checkpoint = _checkpoint_in(local) if local.is_dir() else local
     if not checkpoint.is_file():
         raise SpinnError(f"{uri}: no {CHECKPOINT_NAME} in the model folder")
     return checkpoint
@@ -586,3 +579,146 @@ def log_model_input(run_id: str, model_id: str) -> None:
     from mlflow.entities import LoggedModelInput
 
     _client(write=True).log_inputs(run_id, models=[LoggedModelInput(model_id)])
+
+
+# ----------------------------------------------------------------------------- logged models (MLflow 3)
+
+LOGGED_MODEL_ARTIFACTS_DIR = "artifacts"
+"""Where a pyfunc model keeps the files it was logged with (MLflow's layout: <model>/artifacts/<file>)."""
+
+
+def _checkpoint_in(folder: Path) -> Path:
+    """The checkpoint of a downloaded model: a logged model keeps it under artifacts/, a folder registered
+    before logged models (release 0.1.0) at its top."""
+    logged = folder / LOGGED_MODEL_ARTIFACTS_DIR / CHECKPOINT_NAME
+    return logged if logged.is_file() else folder / CHECKPOINT_NAME
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One column of a model's signature: name, MLflow type name ('string', 'double'), whether always set."""
+
+    name: str
+    type: str
+    required: bool = True
+
+
+@dataclass(frozen=True)
+class PythonModelSpec:
+    """What a models-from-code pyfunc model is logged with; plain data, so callers need no MLflow."""
+
+    name: str
+    code: Path
+    """The models-from-code file (it calls mlflow.models.set_model): MLflow copies and runs it, never pickles."""
+    artifacts: dict[str, Path]
+    inputs: list[ColumnSpec]
+    outputs: list[ColumnSpec]
+    input_example: list[dict[str, Any]]
+    requirements: list[str]
+    model_config: dict[str, Any]
+    tags: dict[str, str]
+
+
+def log_python_model(run_id: str, spec: PythonModelSpec, metrics: dict[str, float]) -> str:
+    """Log `spec` as an MLflow 3 logged model of `run_id` (its "Logged models"), with `metrics` linked to
+    it; returns its model id. Works with or without `run_id` active (training, or re-logging later).
+
+    MLflow checks that the input example serves: it loads the model and predicts it, so a model that needs
+    parses loads Stanza here (SPINN_STANZA_DIR, else Stanza's models, downloaded when missing); a failure
+    is MLflow's warning, and the model is logged all the same."""
+    import pandas as pd
+
+    mlflow = _mlflow(write=True)
+    from mlflow.entities import LoggedModelOutput
+
+    client = mlflow.MlflowClient()
+    experiment_id = client.get_run(run_id).info.experiment_id
+    model = mlflow.initialize_logged_model(
+        name=spec.name, source_run_id=run_id, tags=spec.tags, experiment_id=experiment_id
+    )
+    mlflow.pyfunc.log_model(
+        name=spec.name,
+        python_model=str(spec.code),
+        artifacts={key: str(path) for key, path in spec.artifacts.items()},
+        model_config=spec.model_config,
+        signature=_signature(spec.inputs, spec.outputs),
+        input_example=pd.DataFrame(spec.input_example),
+        pip_requirements=spec.requirements,
+        model_id=model.model_id,
+    )
+    active = mlflow.active_run()
+    if active is None or active.info.run_id != run_id:  # an active run_id got the link from log_model
+        client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
+    for key, value in metrics.items():
+        client.log_metric(run_id, key, float(value), step=0, model_id=model.model_id)
+    return model.model_id
+
+
+def _signature(inputs: list[ColumnSpec], outputs: list[ColumnSpec]):
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+
+    def schema(columns: list[ColumnSpec]) -> Schema:
+        return Schema([ColSpec(column.type, column.name, required=column.required) for column in columns])
+
+    return ModelSignature(inputs=schema(inputs), outputs=schema(outputs))
+
+
+def logged_model_of_run(run_id: str, tag: str, value: str) -> str | None:
+    """The id of the newest complete logged model of `run_id` whose `tag` is `value`, or None (one whose
+    logging was cut short stays PENDING and is passed over)."""
+    from mlflow.entities import LoggedModelStatus
+
+    client = _client()
+    experiment_id = client.get_run(run_id).info.experiment_id
+    found = client.search_logged_models(
+        experiment_ids=[experiment_id],
+        filter_string=f"source_run_id = '{run_id}' AND tags.`{tag}` = '{value}'",
+        order_by=[{"field_name": "creation_time", "ascending": False}],
+    )
+    return next((model.model_id for model in found if model.status == LoggedModelStatus.READY), None)
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """A registered version as re-registering needs it."""
+
+    name: str
+    version: str
+    source: str
+    run_id: str | None
+    tags: dict[str, str]
+    description: str
+    aliases: list[str]
+
+    @property
+    def is_logged_model(self) -> bool:
+        """Registered from a logged model (source `models:/m-...`), not from a folder of files."""
+        return self.source.startswith("models:/")
+
+
+def version_info(name: str, version: str) -> VersionInfo:
+    client = _client()
+    found = _unless_missing(lambda: client.get_model_version(name, version))
+    if found is None:
+        raise SpinnError(f"models:/{name}/{version}: no such version in {tracking_uri()}")
+    aliases = [alias for alias, target in client.get_registered_model(name).aliases.items() if str(target) == version]
+    return VersionInfo(
+        name,
+        str(found.version),
+        found.source,
+        found.run_id or None,
+        dict(found.tags),
+        found.description or "",
+        sorted(aliases),
+    )
+
+
+def download_model(uri: str, destination: Path) -> Path:
+    """A registered or logged model's files, downloaded into `destination`; returns their folder."""
+    mlflow = _mlflow()
+    try:
+        return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination)))
+    except Exception as error:  # MlflowException, OSError: report the URI and the store
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise SpinnError(f"{uri}: cannot fetch the model from {tracking_uri()} ({reason})") from None

@@ -134,8 +134,9 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
 
 
 def _publish(run: TrainingRun, state: TrainState, report: dict, tracking, register: bool) -> tuple[str | None, bool]:
-    """Log the model folder (checkpoint, vocab, config) and the report; register; move the alias if better."""
-    from spinn.tracking.register import register_model, version_description
+    """Log the model (an MLflow logged model of checkpoint, vocab, config) and the report; register; move the
+    alias if better."""
+    from spinn.tracking.register import log_model, register_model, version_description
 
     config = run.config
     best = run.output_dir / BEST_CHECKPOINT
@@ -145,7 +146,7 @@ def _publish(run: TrainingRun, state: TrainState, report: dict, tracking, regist
         checkpoint.write_bytes(best.read_bytes())
         run.vocabulary.save(folder / VOCAB_FILENAME)
         (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
-        tracking.log_model_files([checkpoint, folder / VOCAB_FILENAME, folder / "config.json"])
+        log_model(state.run_id, checkpoint, folder / VOCAB_FILENAME, folder / "config.json", report["dev"])
         tracking.log_run_artifacts(state.run_id, _dev_report(report, folder), DEV_ARTIFACT_DIR)
         with atomic_path(run.output_dir / REPORT_NAME) as temporary:
             temporary.write_text(json.dumps(report, indent=2), encoding="utf-8")

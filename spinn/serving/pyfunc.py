@@ -1,0 +1,59 @@
+"""SpinnModel: the MLflow pyfunc that `mlflow.pyfunc.load_model("models:/spinn@champion")` returns.
+
+It is MLflow's plugin, so it imports MLflow (the one place outside
+spinn/tracking/ that does): MLflow builds it from spinn/serving/model_code.py
+and hands it the files it was logged with (checkpoint, vocabulary, config).
+It predicts through the labeller and `label_texts`, the same step as
+`spinn label`, so a served row equals a labelled one. A model that builds its
+own trees (spinn, rl) needs no parser; the others parse with Stanza, set as
+logged with the model (`parsing` in its model_config).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from mlflow.pyfunc import PythonModel
+
+from spinn.labeling.labeller import Labeller
+from spinn.labeling.predictions import PREDICTION_COLUMNS, REJECTED_COLUMN, label_texts
+from spinn.labeling.settings import PARSER_MODEL, PARSER_STANZA, LabelSettings
+from spinn.model.checkpoint import load_checkpoint
+from spinn.model.config import SPINNConfig
+from spinn.parsing.parse import SENTENCES
+from spinn.tracking.register import CHECKPOINT_ARTIFACT, PARSING_CONFIG
+
+SERVING_PARSING = {"cache_path": None, "workers": 1}
+"""A served model parses in its own process, with no cache file: requests come one frame at a time."""
+OUTPUT_COLUMNS = (*PREDICTION_COLUMNS, REJECTED_COLUMN)
+
+
+class SpinnModel(PythonModel):
+    """Raw premise/hypothesis text in, label, class probabilities and trees out, one row per input row."""
+
+    def load_context(self, context) -> None:
+        checkpoint = Path(context.artifacts[CHECKPOINT_ARTIFACT])
+        self.labeller = Labeller(checkpoint, serving_settings(checkpoint, context.model_config or {}))
+        self.busy = threading.Lock()
+        """One request at a time through the labeller: the server may call predict from several threads,
+        and the parser and the model's inference step keep state between batches."""
+
+    def predict(self, context, model_input: pd.DataFrame, params: dict[str, Any] | None = None) -> pd.DataFrame:
+        """A missing sentence counts as empty (refused: `empty_sentence`). Object columns: a refused pair's
+        missing values stay None, which the server writes as JSON null (pandas would make them NaN, which
+        JSON has no word for)."""
+        premises, hypotheses = (model_input[name].fillna("").astype(str).tolist() for name in SENTENCES)
+        with self.busy:
+            rows = label_texts(self.labeller, premises, hypotheses)
+        return pd.DataFrame(rows, columns=list(OUTPUT_COLUMNS), dtype=object)
+
+
+def serving_settings(checkpoint: Path, model_config: dict[str, Any]) -> LabelSettings:
+    """The model's own trees when it can build them, else Stanza with the parser settings logged with it."""
+    config = SPINNConfig.from_dict(load_checkpoint(checkpoint).model_config)
+    parser = PARSER_MODEL if config.predicts_transitions else PARSER_STANZA
+    parsing = {**model_config.get(PARSING_CONFIG, {}), **SERVING_PARSING}
+    return LabelSettings.model_validate({"parser": parser, "parsing": parsing})
