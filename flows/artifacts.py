@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from spinn.data.schema import LABELS
-from spinn.tracking.store import PREDICTED_SHARE, ui_url
+from spinn.tracking.links import PREDICTED_SHARE, ui_url
 
 DISPLAY_DIGITS = 4
 """Decimals of scores and rates in a table; MLflow and the metrics files keep the full values."""

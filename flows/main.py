@@ -109,7 +109,7 @@ def _run(corpus, training, debug: bool) -> None:
     from flows.artifacts import describe_registration
     from flows.train_spinn import train_spinn
     from spinn.errors import SpinnError, advice, one_line, option_name
-    from spinn.tracking.store import ui_hint
+    from spinn.tracking.links import ui_hint
 
     if not debug:
         _quiet_failures()

@@ -26,7 +26,7 @@ from spinn.labeling.settings import PROBABILITY_COLUMNS, LabelSettings
 from spinn.labeling.summary import LabelSummary, PredictionCounts
 from spinn.labeling.track import LABELING_EXPERIMENT, OUTPUT_TAG, label_metrics
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from spinn.tracking.store import ui_page, ui_url
+from spinn.tracking.links import ui_page, ui_url
 from spinn.training.metrics import Metrics
 from tests.test_label import smoke_pairs
 

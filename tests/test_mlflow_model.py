@@ -302,16 +302,16 @@ def test_relog_model_makes_a_0_1_0_version_a_logged_model_keeping_aliases_and_ta
 def untrained_pi_model(path: Path) -> Path:
     """A pi model (it reads parser trees, it cannot build its own) on the release's vocabulary, random
     weights: enough to show which trees reach it."""
-    from spinn.model.checkpoint import load_checkpoint, save_checkpoint
+    from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
     from spinn.model.config import SPINNConfig
     from spinn.model.spinn import SPINN
 
     release = load_checkpoint(RELEASE / "checkpoint.pt")
-    config = SPINNConfig.from_dict({**release["model_config"], "variant": "pi"})
+    config = SPINNConfig.from_dict({**release.model_config, "variant": "pi"})
     torch.manual_seed(0)
-    model = SPINN(config, torch.randn(len(release["vocab"]["tokens"]), config.d_embed))
-    contents = {"model_state": model.state_dict(), "model_config": config.to_dict(), "vocab": release["vocab"]}
-    return save_checkpoint(path, {**contents, "step": 0, "metrics": None})
+    model = SPINN(config, torch.randn(len(release.vocab["tokens"]), config.d_embed))
+    saved = Checkpoint(model_state=model.state_dict(), model_config=config.to_dict(), vocab=release.vocab, step=0)
+    return save_checkpoint(path, saved)
 
 
 @pytest.mark.stanza

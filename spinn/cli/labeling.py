@@ -93,7 +93,8 @@ def label(
     click.echo("\n".join(summary.report()))
     if track:
         from spinn.labeling.track import LABELING_EXPERIMENT, log_label_run
-        from spinn.tracking.store import tracking_uri, ui_hint
+        from spinn.tracking.links import ui_hint
+        from spinn.tracking.store import tracking_uri
 
         tracked = log_label_run(summary, settings)
         click.echo(f"MLflow run {tracked.run_id} (experiment {LABELING_EXPERIMENT}) in {tracking_uri()}")

@@ -36,7 +36,7 @@ class TrackedRun:
 
 def label_metrics(summary: LabelSummary) -> dict[str, float]:
     """Every figure of a label run, by its MLflow metric name (figures a run lacks are left out)."""
-    from spinn.tracking import store as tracking
+    from spinn.tracking import links
 
     figures: dict[str, float | None] = {
         "rows": summary.rows,
@@ -49,7 +49,7 @@ def label_metrics(summary: LabelSummary) -> dict[str, float]:
         "pairs_per_second": summary.pairs_per_second,
         "parse_pairs_per_second": summary.parse_pairs_per_second,
         "model_pairs_per_second": summary.model_pairs_per_second,
-        **tracking.share_metrics(summary.label_shares),
+        **links.share_metrics(summary.label_shares),
         "mean_top_probability": summary.mean_top_probability,
         "oov_share": summary.oov_share,
         "mean_sentence_tokens": summary.mean_sentence_tokens,
@@ -61,22 +61,23 @@ def label_metrics(summary: LabelSummary) -> dict[str, float]:
 def log_label_run(summary: LabelSummary, settings: LabelSettings) -> TrackedRun:
     """One run in the `spinn-labeling` experiment with the run's params, figures and its model's links, named
     by its input and model (`label pairs.csv with spinn/3`)."""
+    from spinn.tracking import links
     from spinn.tracking import store as tracking
 
-    version = tracking.model_version_facts(summary.model)
+    version = links.model_version_facts(summary.model)
     name = summary.input.name if summary.input else "pairs"
     run_name = f"label {name} with {_short_model(summary.model, version)}"
-    with tracking.run_started_at(LABELING_EXPERIMENT, run_name, time.time() - summary.seconds) as run_id:
+    with links.run_started_at(LABELING_EXPERIMENT, run_name, time.time() - summary.seconds) as run_id:
         tracking.log_params(_params(summary, settings, version))
         tracking.set_tags(_tags(summary, version, tracking.git_commit()))
         tracking.log_metrics(label_metrics(summary), step=0)
         if summary.input is not None:
             tracking.log_dataset(summary.input, name, summary.input_sha256, DATASET_CONTEXT)
         if version and "model_id" in version:
-            tracking.log_model_input(run_id, version["model_id"])
-        tracking.describe_run(_description(summary, version, tracking))
+            links.log_model_input(run_id, version["model_id"])
+        links.describe_run(_description(summary, version))
     experiment_id = tracking.run_summary(run_id)["experiment_id"]
-    return TrackedRun(run_id, experiment_id, tracking.ui_url(experiment_id, run_id))
+    return TrackedRun(run_id, experiment_id, links.ui_url(experiment_id, run_id))
 
 
 def _short_model(model: str, version: dict[str, str] | None) -> str:
@@ -113,14 +114,16 @@ def _model_key(fact: str) -> str:
     return fact if fact.startswith("model_") else f"model_{fact}"
 
 
-def _description(summary: LabelSummary, version: dict[str, str] | None, tracking) -> str:
+def _description(summary: LabelSummary, version: dict[str, str] | None) -> str:
     """What the run page says first: the input, the model (linked), the output, and the drift."""
+    from spinn.tracking import links
+
     name = summary.input.name if summary.input else "pairs"
     model = f"`{summary.model}`"
     if version is not None:
-        model = f"[{summary.model}]({tracking.version_page(version['name'], version['version'])})"
+        model = f"[{summary.model}]({links.version_page(version['name'], version['version'])})"
         if "experiment_id" in version:
-            training = tracking.ui_page(version["experiment_id"], version["run_id"])
+            training = links.ui_page(version["experiment_id"], version["run_id"])
             model += f", trained in run [{version['run_id'][:8]}]({training})"
     drift = summary.drift
     drift_line = NO_REFERENCE if drift is None else f"Drift from the model's dev predictions: {drift:.3f}"

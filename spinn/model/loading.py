@@ -39,7 +39,8 @@ def resolve_device(device: str) -> torch.device:
 
 def load_model(reference: str | Path, device: torch.device, workdir: Path | None = None) -> LoadedModel:
     """Rebuild a model from a checkpoint path or an MLflow model URI."""
-    from spinn.tracking.store import download_checkpoint, is_model_uri
+    from spinn.tracking.logged_models import download_checkpoint
+    from spinn.tracking.store import is_model_uri
 
     if is_model_uri(str(reference)):
         checkpoint = download_checkpoint(str(reference), Path(workdir or tempfile.mkdtemp(prefix="spinn-model-")))

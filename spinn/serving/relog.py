@@ -18,6 +18,7 @@ from pathlib import Path
 from spinn.data.vocab import VOCAB_FILENAME
 from spinn.errors import SpinnError
 from spinn.model.checkpoint import load_checkpoint
+from spinn.tracking import logged_models
 from spinn.tracking import store as tracking
 from spinn.tracking.register import log_model
 
@@ -40,13 +41,13 @@ class Relogged:
 def relog_version(uri: str) -> Relogged:
     """`models:/spinn/3` (or an alias) registered as a folder -> a new version that is a logged model."""
     name, version = _name_and_version(tracking.resolve_model_uri(uri))
-    old = tracking.version_info(name, version)
+    old = logged_models.version_info(name, version)
     if old.is_logged_model:
         raise SpinnError(f"{uri}: models:/{name}/{version} is a logged model already ({old.source})")
     if old.run_id is None or not tracking.run_exists(old.run_id):
         raise SpinnError(f"{uri}: its run is not in {tracking.tracking_uri()}; a logged model needs its run")
     with tempfile.TemporaryDirectory(prefix="spinn-relog-") as folder:
-        files = tracking.download_model(f"models:/{name}/{version}", Path(folder))
+        files = logged_models.download_model(f"models:/{name}/{version}", Path(folder))
         checkpoint, vocabulary, config = (files / file for file in FOLDER_FILES)
         missing = [path.name for path in (checkpoint, vocabulary, config) if not path.is_file()]
         if missing:

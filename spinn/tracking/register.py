@@ -45,7 +45,7 @@ from spinn.io import file_digest
 from spinn.parsing.parse import SENTENCES
 from spinn.parsing.settings import ParserSettings
 from spinn.tracking import store as tracking
-from spinn.tracking.store import ColumnSpec, PythonModelSpec
+from spinn.tracking.logged_models import ColumnSpec, PythonModelSpec, log_python_model, logged_model_of_run
 
 SELECTION_METRIC = "best_dev_accuracy"
 CHECKPOINT_TAG = "checkpoint_sha256"
@@ -133,7 +133,7 @@ def register_model(
     checkpoint; move `alias` if it beats the champion on dev."""
     check_finite(Path(checkpoint), dev_accuracy)
     digest = file_digest(Path(checkpoint), "sha256")
-    model_id = tracking.logged_model_of_run(run_id, CHECKPOINT_TAG, digest)
+    model_id = logged_model_of_run(run_id, CHECKPOINT_TAG, digest)
     with tracking.store_lock():
         champion = tracking.alias_metric(name, alias, SELECTION_METRIC)
         for version, version_tags in tracking.versions_of_run(name, run_id):
@@ -202,7 +202,7 @@ def log_model(
 
     parser: the settings a model that needs parses is served with (default: Stanza's defaults)."""
     digest = file_digest(Path(checkpoint), "sha256")
-    logged = tracking.logged_model_of_run(run_id, CHECKPOINT_TAG, digest)
+    logged = logged_model_of_run(run_id, CHECKPOINT_TAG, digest)
     if logged is not None:
         return logged
     spec = PythonModelSpec(
@@ -216,7 +216,7 @@ def log_model(
         model_config={PARSING_CONFIG: (parser or ParserSettings()).model_dump(include=set(LOGGED_PARSER_SETTINGS))},
         tags={CHECKPOINT_TAG: digest},
     )
-    return tracking.log_python_model(run_id, spec, dev_scores(dev_metrics))
+    return log_python_model(run_id, spec, dev_scores(dev_metrics))
 
 
 def dev_scores(metrics: dict) -> dict[str, float]:

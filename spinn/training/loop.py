@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from spinn.model.batch import bucket_batches
 from spinn.model.checkpoint import rng_states
+from spinn.tracking import links
 from spinn.training import distributed
 from spinn.training.build import TrainingRun
 from spinn.training.checkpoints import save_run
@@ -146,7 +147,7 @@ def evaluate_dev(run: TrainingRun, state: TrainState, tracking) -> int:
         logged["dev_transition_accuracy"] = metrics.transition_accuracy
     if metrics.bracket_f1 is not None:
         logged["dev_bracket_f1"] = metrics.bracket_f1
-    logged.update(tracking.share_metrics(metrics.predicted_shares, "dev_"))  # what labelling runs measure drift against
+    logged.update(links.share_metrics(metrics.predicted_shares, "dev_"))  # what labelling runs measure drift against
     tracking.log_metrics(logged, state.step)
     if metrics.accuracy > state.best_dev_accuracy:
         state.best_dev_accuracy, state.best_step, state.evals_since_best = metrics.accuracy, state.step, 0
