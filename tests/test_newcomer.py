@@ -79,3 +79,54 @@ def test_train_help_says_eval_every_follows_the_data() -> None:
 
     text = " ".join(CliRunner().invoke(main, ["train", "--help"], terminal_width=200).output.split())
     assert "auto: min(1000, steps per epoch // 4)" in text
+
+
+def _dvc_declared_outputs() -> set[Path]:
+    """Every file dvc.yaml's stages declare as an output or metric (templated names left out)."""
+    import yaml
+
+    stages = yaml.safe_load((ROOT / "dvc.yaml").read_text())["stages"]
+    declared = set()
+    for stage in stages.values():
+        for kind in ("outs", "metrics"):
+            for entry in stage.get(kind, []):
+                name = entry if isinstance(entry, str) else next(iter(entry))
+                if "${" not in name:
+                    declared.add(Path(name))
+    return declared
+
+
+def test_evaluate_flow_never_writes_what_dvc_declares(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`evaluate-spinn/champion` with its defaults wrote data/metrics/test*.json, so `dvc metrics show` paired
+    the champion's test score with another model's train.json; it must write into a folder of its own."""
+    from flows import evaluate_spinn as module
+    from flows.caching import StageOutput
+    from flows.settings import EvaluateRequest
+    from spinn.training.evaluate import report_path
+
+    written: dict[str, object] = {}
+
+    def stage(_task, **parameters):
+        written.update(parameters)
+        return StageOutput(summary={"accuracy": 0.5, "examples": 2})
+
+    monkeypatch.setattr(module, "run_stage", stage)
+    monkeypatch.setattr(module, "create_table_artifact", lambda *args, **kwargs: None)
+    monkeypatch.setattr(module, "evaluation_facts", lambda *args: [])
+    module.evaluate_spinn.fn(EvaluateRequest(params=None))
+    paths = {Path(written[name]) for name in ("output", "plot", "predictions")} | {report_path(written["output"])}
+    declared = _dvc_declared_outputs()
+    assert Path("data/metrics/test.json") in declared  # the check reads dvc.yaml
+    assert not paths & declared
+    assert len({path.parent for path in paths}) == 1 and Path(written["output"]).parent.parent == Path(
+        "data/evaluations"
+    )
+
+
+def test_each_evaluation_gets_its_own_folder() -> None:
+    from flows.evaluate_spinn import evaluation_output
+
+    first = evaluation_output("models:/spinn@champion", now=0)
+    assert first.parent.name == "19700101T000000Z-spinn@champion"
+    assert evaluation_output("models:/spinn@champion", now=1).parent != first.parent
+    assert evaluation_output("data/runs/pi-train-abc/best.pt", now=0).parent.name == "19700101T000000Z-pi-train-abc"
