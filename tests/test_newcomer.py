@@ -8,6 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from tests import test_train
+from tests.test_train import TINY_MODEL, tiny_config
+
+prepared = test_train.prepared  # the 1,024 real training pairs, prepared once for the module
+workdir = test_train.workdir
+
 ROOT = Path(__file__).resolve().parents[1]
 
 RUN_OUTPUTS = [
@@ -130,3 +136,66 @@ def test_each_evaluation_gets_its_own_folder() -> None:
     assert first.parent.name == "19700101T000000Z-spinn@champion"
     assert evaluation_output("models:/spinn@champion", now=1).parent != first.parent
     assert evaluation_output("data/runs/pi-train-abc/best.pt", now=0).parent.name == "19700101T000000Z-pi-train-abc"
+
+
+def _fit(prepared: Path, config, **options):
+    from spinn.training.train import train
+
+    paths = (prepared / "train.parquet", prepared / "dev.parquet")
+    return train(*paths, config, register=False, progress=False, **options)
+
+
+def test_the_same_finished_run_again_is_reused_without_any_cache(prepared, workdir) -> None:
+    """train-spinn run again when Prefect's cache record is gone calls train on the finished run's folder:
+    that run is the result, not the error "holds last.pt, best.pt of an earlier run"."""
+    from spinn.training.folders import run_folder
+
+    config = tiny_config(max_steps=2)
+    folder = run_folder(workdir / "runs", config, prepared / "train.parquet", prepared / "dev.parquet")
+    first = _fit(prepared, config, output_dir=folder)
+    before = (folder / "best.pt").read_bytes()
+    again = _fit(prepared, config, output_dir=folder)
+    assert (again.run_id, again.steps, again.best_step) == (first.run_id, 2, first.best_step)
+    assert (folder / "best.pt").read_bytes() == before
+
+
+def test_a_longer_run_in_a_finished_runs_folder_is_still_refused(prepared, workdir) -> None:
+    """Reuse is for the very same settings: asking for more steps without --resume must not return the
+    shorter run's model."""
+    from spinn.errors import SpinnError
+
+    _fit(prepared, tiny_config(max_steps=2), output_dir=workdir / "m")
+    with pytest.raises(SpinnError, match="holds last.pt, best.pt of an earlier run"):
+        _fit(prepared, tiny_config(max_steps=3), output_dir=workdir / "m")
+
+
+def test_resume_with_more_steps_continues_the_same_folder_and_mlflow_run(prepared, workdir) -> None:
+    """`--set max_steps=6`, then `--set max_steps=12 --resume`, no --output-dir: the run's identity leaves its
+    length out, so the resumed run finds its folder and goes on in the same MLflow run."""
+    short = _fit(prepared, tiny_config(max_steps=2))
+    longer = _fit(prepared, tiny_config(max_steps=4), resume=True)
+    assert longer.best_checkpoint.parent == short.best_checkpoint.parent
+    assert (longer.run_id, longer.steps) == (short.run_id, 4)
+
+
+def test_resume_with_nothing_to_resume_says_so_in_one_line(prepared, workdir) -> None:
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    data = ["--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet"), "--no-register"]
+    tiny = [f"--set=model.{key}={value}" for key, value in TINY_MODEL.items()]
+    result = CliRunner().invoke(main, ["train", *data, *tiny, "--set=max_steps=1", "--resume"])
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert "no last.pt to resume from" in result.stderr and "drop --resume" in result.stderr
+    assert not Path("data/runs").exists() or not any(Path("data/runs").rglob("*.pt"))
+
+
+def test_the_identity_is_declared_once() -> None:
+    """Folder digest and resume check read one list: a length setting is outside the identity, a learning
+    setting inside it."""
+    from spinn.training import checkpoints, folders
+
+    config = tiny_config()
+    assert "max_steps" not in config.identity() and "learning_rate" in config.identity()
+    assert not hasattr(checkpoints, "RESUMABLE_CHANGES") and not hasattr(folders, "BOOKKEEPING")

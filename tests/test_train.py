@@ -508,8 +508,8 @@ def test_without_an_output_folder_each_distinct_run_trains_into_its_own(prepared
     assert first.best_checkpoint.parent != other.best_checkpoint.parent
     assert first.best_checkpoint.parent.parent == other.best_checkpoint.parent.parent == Path("data/runs")
     assert load_checkpoint(first.best_checkpoint).run_id == first.run_id
-    with pytest.raises(SpinnError, match="earlier run"):
-        train(*paths, tiny_config(max_steps=1), register=False, progress=False)
+    again = train(*paths, tiny_config(max_steps=1), register=False, progress=False)  # issue 24: reused
+    assert (again.run_id, again.best_checkpoint) == (first.run_id, first.best_checkpoint)
 
 
 def test_a_checkpoint_record_round_trips_through_the_file_it_writes(tmp_path):

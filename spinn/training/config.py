@@ -54,6 +54,15 @@ MAX_AUTO_EVAL_EVERY = 1_000
 """eval_every auto on a large corpus: the paper-scale interval (SNLI at batch 32 has 17,193 steps an epoch)."""
 
 
+RUN_LENGTH = frozenset({"max_epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every"})
+"""Settings that say how long a run goes on and when it looks at itself: a resumed run may change them."""
+RUN_PLACE = frozenset({"device", "threads", "processes", "graphs", "experiment", "registered_model", "alias"})
+"""Settings that say where a run computes and where it is recorded, not what it learns."""
+NOT_IDENTITY = RUN_LENGTH | RUN_PLACE
+"""The one declaration of what a run's identity leaves out: its folder's digest and the check that a resumed
+run still learns the same both read `TrainConfig.identity()`."""
+
+
 BatchSize = count_or_auto("pairs")
 StepCount = count_or_auto("steps")
 
@@ -171,6 +180,19 @@ class TrainConfig(Settings):
             decay_steps=max(1, round(self.lr_decay_steps / ratio)),
             warmup_steps=-(-self.warmup_pairs // self.batch_size),
         )
+
+    def identity(self) -> dict[str, Any]:
+        """The settings that make the model what it is (NOT_IDENTITY aside): equal for two runs of one folder."""
+        return {key: value for key, value in self.to_dict().items() if key not in NOT_IDENTITY}
+
+    def same_run_as(self, saved: TrainConfig) -> bool:
+        """This config asks for the run `saved` (a checkpoint's resolved config) was: same identity and length,
+        a setting left auto here matching whatever the run decided. The embedding size is the vectors' (the
+        `embeddings` settings, compared), whatever the preset said."""
+        mine = self.replace(model=self.model.replace(d_embed=saved.model.d_embed)).to_dict()
+        theirs = saved.to_dict()
+        compared = set(self.identity()) | RUN_LENGTH
+        return all(mine[key] in (AUTO, theirs.get(key)) for key in compared)
 
     def flat(self) -> dict[str, Any]:
         """`model.d_hidden`-style keys, for MLflow params."""
