@@ -199,3 +199,56 @@ def test_the_identity_is_declared_once() -> None:
     config = tiny_config()
     assert "max_steps" not in config.identity() and "learning_rate" in config.identity()
     assert not hasattr(checkpoints, "RESUMABLE_CHANGES") and not hasattr(folders, "BOOKKEEPING")
+
+
+class _FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_progress_line_is_due_on_time_with_an_eta() -> None:
+    from spinn.training.progress import ProgressClock
+
+    time = _FakeClock()
+    clock = ProgressClock(total=100, every_s=30.0, done=10, clock=time)
+    assert not clock.due() and clock.eta(10) == "ETA unknown"
+    time.now += 29.9
+    assert not clock.due()
+    time.now += 0.2
+    assert clock.due() and not clock.due()  # once per span
+    assert clock.eta(40) == "ETA 0:01:00"  # 30 units in 30.1 s: 60 left
+    assert clock.fraction(40) == "40/100 (40%)"
+    assert not ProgressClock(total=1, every_s=None, clock=time).due()
+
+
+def test_training_prints_progress_on_time_not_at_log_windows(prepared, workdir, capsys) -> None:
+    """With log_every far beyond the run, the old loop printed once, at the end; on time it prints every step
+    that finds its line due, each with an ETA, repeating the last logged metrics rather than reading them."""
+    _fit(prepared, tiny_config(max_steps=3, log_every=1_000), output_dir=workdir / "m", report_every_s=0.0)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("train step ")]
+    assert [line.split(";")[0].split(":")[0] for line in lines] == [
+        "train step 1/3 (33%)",
+        "train step 2/3 (67%)",
+        "train step 3/3 (100%)",
+    ]
+    assert all(" ETA " in line for line in lines)
+    assert "loss" not in lines[0] and "loss" in lines[-1]  # the window closed at the budget's end only
+
+
+def test_evaluation_prints_progress_on_time(prepared, workdir, capsys) -> None:
+    from spinn.training.evaluate import EvaluateSettings, evaluate
+
+    trained = _fit(prepared, tiny_config(max_steps=1), output_dir=workdir / "m")
+    settings = EvaluateSettings(batch_size=40, device="cpu", track=False)
+    evaluate(trained.best_checkpoint, prepared / "dev.parquet", workdir / "x.json", settings, report_every_s=0.0)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluate ")]
+    labelled = test_train.DEV_PAIRS - 1  # one dev pair of the first 120 has gold '-'
+    assert [line.split(";")[0] for line in lines] == [
+        f"evaluate 40/{labelled} (34%) pairs",
+        f"evaluate 80/{labelled} (67%) pairs",
+        f"evaluate {labelled}/{labelled} (100%) pairs",
+    ]
+    assert lines[-1].endswith("ETA 0:00:00")

@@ -50,7 +50,6 @@ class TrainingRun:
     dev_path: Path
     rng_ranks: list[dict] = field(default_factory=list)  # every rank's RNG states at the last checkpoint
     report_every_s: float | None = None
-    next_report: float = 0.0
 
 
 def build_run(
