@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -252,3 +254,90 @@ def test_evaluation_prints_progress_on_time(prepared, workdir, capsys) -> None:
         f"evaluate {labelled}/{labelled} (100%) pairs",
     ]
     assert lines[-1].endswith("ETA 0:00:00")
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list[str]]) -> Path:
+    import csv
+
+    with path.open("w", newline="", encoding="utf-8") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+SICK_ROWS = [
+    ["1", "A man is playing a guitar.", "A person plays an instrument.", "ENTAILMENT"],
+    ["2", "A dog runs on the beach.", "A cat sleeps indoors.", "CONTRADICTION"],
+    ["3", "Two kids are smiling.", "Two kids are at school.", "Neutral"],
+]
+SICK_GOLD = ["entailment", "contradiction", "neutral"]
+
+
+@pytest.mark.parametrize("gold_column", ["gold", "entailment_label", "entailment_judgment"])
+def test_common_gold_columns_are_recognised(tmp_path: Path, gold_column: str) -> None:
+    """SICK's `gold` sample and its entailment_label / entailment_judgment columns, values in any case."""
+    from spinn.data.sentence_pairs import InputPair, read_input_pairs
+
+    path = _write_csv(tmp_path / "sick.csv", ["pair_ID", "sentence_A", "sentence_B", gold_column], SICK_ROWS)
+    pairs = list(read_input_pairs(path))
+    assert all(isinstance(pair, InputPair) for pair in pairs)
+    assert [pair.label for pair in pairs] == SICK_GOLD
+    assert [pair.pair_id for pair in pairs] == ["1", "2", "3"]
+
+
+def test_a_sidecar_names_a_files_columns(tmp_path: Path) -> None:
+    """An inbox file with its own column names: `<file>.columns.json` maps them; a given column still wins."""
+    from spinn.data.column_sidecar import sidecar_path
+    from spinn.data.sentence_pairs import Columns, read_input_pairs
+
+    path = _write_csv(tmp_path / "odd.csv", ["key", "left", "right", "verdict"], SICK_ROWS)
+    mapping = {"id": "key", "premise": "left", "hypothesis": "right", "label": "verdict"}
+    sidecar_path(path).write_text(json.dumps(mapping), encoding="utf-8")
+    pairs = list(read_input_pairs(path))
+    assert [(pair.pair_id, pair.label) for pair in pairs] == list(zip(["1", "2", "3"], SICK_GOLD, strict=True))
+    assert [pair.premise for pair in read_input_pairs(path, Columns(premise="right"))] == [r[2] for r in SICK_ROWS]
+
+
+def test_a_sidecar_with_an_unknown_role_is_refused(tmp_path: Path) -> None:
+    from spinn.data.column_sidecar import sidecar_path
+    from spinn.data.sentence_pairs import read_input_pairs
+    from spinn.errors import SpinnError
+
+    path = _write_csv(tmp_path / "odd.csv", ["premise", "hypothesis"], [["a", "b"]])
+    sidecar_path(path).write_text(json.dumps({"premis": "premise"}), encoding="utf-8")
+    with pytest.raises(SpinnError, match="odd.csv.columns.json"):
+        list(read_input_pairs(path))
+
+
+def test_gold_agreement_counts_only_rows_with_gold() -> None:
+    from spinn.labeling.gold import agreement
+
+    found = agreement(
+        [("entailment", "entailment"), ("neutral", "entailment"), (None, "neutral"), ("neutral", "neutral")]
+    )
+    assert found is not None and (found.with_gold, found.correct) == (3, 2)
+    assert found.confusion["neutral"] == {"entailment": 1, "neutral": 1, "contradiction": 0}
+    assert found.report()[0] == "accuracy against the file's gold labels: 0.6667 on 3 pairs"
+    assert agreement([(None, "neutral")]) is None
+
+
+def test_a_label_run_with_gold_reports_accuracy_and_confusion(smoke_model, tmp_path: Path) -> None:
+    """A corpus that brings gold is a test set too: the summary says how often the model agrees."""
+    import pyarrow.parquet as pq
+
+    from spinn.labeling.label import label
+    from spinn.labeling.settings import LabelSettings
+
+    table = pq.read_table(smoke_model.prepared / "test.parquet", columns=["premise", "hypothesis", "label"])
+    rows = [[row["premise"], row["hypothesis"], row["label"].upper()] for row in table.to_pylist()[:30]]
+    source = _write_csv(tmp_path / "sick.csv", ["sentence_A", "sentence_B", "entailment_label"], rows)
+    output = tmp_path / "out.parquet"
+    summary = label(source, smoke_model.checkpoint, output, LabelSettings(parser="model", device="cpu"))
+    predicted = pq.read_table(output, columns=["gold_label", "label"]).to_pylist()
+    correct = sum(row["gold_label"] == row["label"] for row in predicted)
+    report = summary.report()
+    assert f"accuracy against the file's gold labels: {correct / 30:.4f} on 30 pairs" in report
+    confusion = [line for line in report if line.startswith("  gold ")]
+    assert len(confusion) == 3
+    assert sum(int(count) for line in confusion for count in re.findall(r" (\d+)", line)) == 30

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spinn.labeling.gold import gold_report
 from spinn.labeling.settings import PARSER_STANZA
 
 
@@ -90,6 +91,7 @@ class LabelSummary:
             lines.append(f"throughput (work done in this run): {', '.join(speeds)}")
         if self.oov_share is not None:
             lines.append(f"out of the model's vocabulary: {self.oov_share:.1%} of tokens")
+        lines += gold_report(self.output)
         workers = f" ({self.parser_workers} workers)" if self.parser_workers > 1 else ""
         lines.append(f"model {self.model}, parser {self.parser}{workers}")
         return lines
