@@ -341,3 +341,30 @@ def test_a_label_run_with_gold_reports_accuracy_and_confusion(smoke_model, tmp_p
     confusion = [line for line in report if line.startswith("  gold ")]
     assert len(confusion) == 3
     assert sum(int(count) for line in confusion for count in re.findall(r" (\d+)", line)) == 30
+
+
+def _spinn_download(tmp_path: Path, **variables: str):
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    return CliRunner().invoke(main, ["download", "--raw-dir", str(tmp_path / "raw"), "--no-extract"], env=variables)
+
+
+def test_under_dvc_an_offline_download_names_the_variable_not_the_flag(tmp_path: Path) -> None:
+    """`dvc repro` has no --file to give: the fix names SPINN_DOWNLOAD_FILE (DVC sets DVC_STAGE for stages)."""
+    mirror = {"SPINN_DOWNLOAD_URL": "http://no-such-host.invalid/snli_1.0.zip", "DVC_STAGE": "download"}
+    result = _spinn_download(tmp_path, **mirror)
+    assert result.exit_code == 1, result.output
+    assert "cannot resolve no-such-host.invalid" in result.stderr
+    assert "goes in the SPINN_DOWNLOAD_FILE variable" in result.stderr and "--file" not in result.stderr
+    by_hand = _spinn_download(tmp_path, SPINN_DOWNLOAD_URL=mirror["SPINN_DOWNLOAD_URL"], DVC_STAGE="")
+    assert "goes in --file" in by_hand.stderr
+
+
+def test_under_dvc_a_checksum_mismatch_names_the_checksum_variable(tmp_path: Path) -> None:
+    local = tmp_path / "mine.zip"
+    local.write_bytes(b"not the official archive")
+    result = _spinn_download(tmp_path, SPINN_DOWNLOAD_FILE=str(local), DVC_STAGE="download")
+    assert result.exit_code == 1, result.output
+    assert "give the SPINN_DOWNLOAD_CHECKSUM variable sha256:" in result.stderr and "--checksum" not in result.stderr
