@@ -368,3 +368,18 @@ def test_under_dvc_a_checksum_mismatch_names_the_checksum_variable(tmp_path: Pat
     result = _spinn_download(tmp_path, SPINN_DOWNLOAD_FILE=str(local), DVC_STAGE="download")
     assert result.exit_code == 1, result.output
     assert "give the SPINN_DOWNLOAD_CHECKSUM variable sha256:" in result.stderr and "--checksum" not in result.stderr
+
+
+def test_a_verified_archive_in_place_is_used_without_the_network(tmp_path: Path) -> None:
+    """Regression guard (the newcomer's case did not reproduce here): an archive in data/raw that verifies
+    is the stage's result, with no request to the (here unresolvable) source."""
+    import hashlib
+
+    archive = tmp_path / "raw" / "snli_1.0.zip"
+    archive.parent.mkdir()
+    archive.write_bytes(b"an SNLI-shaped archive")
+    checksum = "sha256:" + hashlib.sha256(archive.read_bytes()).hexdigest()
+    variables = {"SPINN_DOWNLOAD_URL": "http://no-such-host.invalid/snli_1.0.zip", "DVC_STAGE": "download"}
+    result = _spinn_download(tmp_path, SPINN_DOWNLOAD_CHECKSUM=checksum, **variables)
+    assert result.exit_code == 0, result.output
+    assert archive.read_bytes() == b"an SNLI-shaped archive"
