@@ -37,6 +37,7 @@ from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
 from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shards import hold_output
+from spinn.labeling.spread import spread_over
 
 INDEX_NAME = "index.json"
 INPUT_SUFFIXES = readable_suffixes()
@@ -180,7 +181,7 @@ def merge_task(plan, results: list, model_name: str, parser: str):
 def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
     """One file: plan, then every shard as a task on the Dask cluster, then merge; the output is this
     run's alone meanwhile (`hold_output`: a `spinn label` on it is refused, and this run is if one holds it)."""
-    settings = request.label_settings()
+    settings = spread_over(request.label_settings(), input_path, request.dask_workers)
     output = request.outbox / f"{_stem(input_path)}.labels.parquet"
     with hold_output(output):
         planned = plan_task(input_path, output, request.model, settings)

@@ -383,3 +383,26 @@ def test_a_verified_archive_in_place_is_used_without_the_network(tmp_path: Path)
     result = _spinn_download(tmp_path, SPINN_DOWNLOAD_CHECKSUM=checksum, **variables)
     assert result.exit_code == 0, result.output
     assert archive.read_bytes() == b"an SNLI-shaped archive"
+
+
+@pytest.mark.parametrize(
+    ("rows", "workers", "shard_size", "expected"), [(30, 2, 10_000, 15), (31, 2, 10_000, 16), (100, 4, 10, 10)]
+)
+def test_a_file_gives_every_worker_a_shard(rows: int, workers: int, shard_size: int, expected: int) -> None:
+    from spinn.labeling.spread import spread_shard_size
+
+    size = spread_shard_size(rows, workers, shard_size)
+    assert size == expected and -(-rows // size) >= min(workers, rows)
+
+
+def test_a_small_inbox_file_is_cut_into_a_shard_per_worker(tmp_path: Path) -> None:
+    """A 30-row file was one shard at the default shard_size, so one of two Dask workers sat idle."""
+    from spinn.labeling.settings import LabelSettings
+    from spinn.labeling.shards import plan_shards
+    from spinn.labeling.spread import spread_over
+
+    rows = [[str(index), f"A man sits number {index}.", "A man sits."] for index in range(30)]
+    path = _write_csv(tmp_path / "pairs.csv", ["id", "premise", "hypothesis"], rows)
+    settings = spread_over(LabelSettings(parser="model", device="cpu"), path, workers=2)
+    plan = plan_shards(path, tmp_path / "out.parquet", settings, {"model": "m"})
+    assert (plan.shards, plan.rows) == (2, 30)
