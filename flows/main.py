@@ -17,7 +17,7 @@ from pathlib import Path
 
 import click
 
-from spinn.data.download import DownloadSettings
+from spinn.data.download import DOWNLOAD_VARIABLES, DownloadSettings
 from spinn.options import field_options, given
 from spinn.settings import DEFAULT_PARAMS, deep_merge, nest, overrides_from
 
@@ -31,7 +31,6 @@ QUIET_AND_OFFLINE = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": EPHEMERAL_STARTUP_TIMEOUT_S,
 }
 SMOKE_DATA_DIR = Path("data/smoke")
-DOWNLOAD_VARIABLES = ("SPINN_DOWNLOAD_URL", "SPINN_DOWNLOAD_FILE", "SPINN_DOWNLOAD_CHECKSUM")
 SMOKE_ARCHIVE = "snli_smoke.zip"
 SMOKE_OVERRIDES: dict[str, object] = {
     "model.variant": "spinn",
@@ -92,7 +91,7 @@ def main(
     data_dir = data_dir or (SMOKE_DATA_DIR if smoke else Path("data"))
     download = given(DownloadSettings, options)
     if smoke and not {"url", "file"} & set(download):  # the synthetic corpus, whatever SPINN_DOWNLOAD_* say
-        for variable in DOWNLOAD_VARIABLES:
+        for variable in DOWNLOAD_VARIABLES.values():
             os.environ.pop(variable, None)
         download["file"], download["checksum"] = _smoke_archive(data_dir)
     params = config_path if config_path.is_file() else None

@@ -406,3 +406,14 @@ def test_a_small_inbox_file_is_cut_into_a_shard_per_worker(tmp_path: Path) -> No
     settings = spread_over(LabelSettings(parser="model", device="cpu"), path, workers=2)
     plan = plan_shards(path, tmp_path / "out.parquet", settings, {"model": "m"})
     assert (plan.shards, plan.rows) == (2, 30)
+
+
+def test_a_pi_run_logs_no_rl_or_spinn_only_params() -> None:
+    from spinn.training.config import TrainConfig
+
+    pi = TrainConfig.build({"model": {"variant": "pi"}}).flat()
+    assert "model.reward" not in pi and "model.entropy_weight" not in pi
+    assert "model.transition_loss_weight" not in pi and pi["model.d_tracker"] > 0
+    rl = TrainConfig.build({"model": {"variant": "rl"}}).flat()
+    assert {"model.reward", "model.entropy_weight", "model.transition_loss_weight"} <= rl.keys()
+    assert "model.d_tracker" not in TrainConfig.build({"model": {"variant": "pi-nt"}}).flat()

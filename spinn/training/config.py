@@ -63,6 +63,16 @@ NOT_IDENTITY = RUN_LENGTH | RUN_PLACE
 run still learns the same both read `TrainConfig.identity()`."""
 
 
+RL_ONLY = ("reward", "baseline", "baseline_decay", "policy_weight", "entropy_weight")
+VARIANT_PARAMS: dict[str, frozenset[str]] = {
+    **{f"model.{name}": frozenset({"rl"}) for name in RL_ONLY},
+    "model.transition_loss_weight": frozenset({"spinn", "rl"}),
+    "model.d_tracker": frozenset({"pi", "spinn", "rl"}),
+}
+"""Model settings that only some variants use: MLflow params leave them out of other variants' runs, where a
+value would suggest it mattered."""
+
+
 BatchSize = count_or_auto("pairs")
 StepCount = count_or_auto("steps")
 
@@ -195,8 +205,13 @@ class TrainConfig(Settings):
         return all(mine[key] in (AUTO, theirs.get(key)) for key in compared)
 
     def flat(self) -> dict[str, Any]:
-        """`model.d_hidden`-style keys, for MLflow params."""
-        return dict(_flatten(self.to_dict()))
+        """`model.d_hidden`-style keys, for MLflow params: the settings this variant uses (VARIANT_PARAMS)."""
+        variant = self.model.variant
+        return {
+            key: value
+            for key, value in _flatten(self.to_dict())
+            if variant in VARIANT_PARAMS.get(key, frozenset({variant}))
+        }
 
 
 def auto_eval_every(train_pairs: int, batch_size: int) -> int:
