@@ -417,3 +417,14 @@ def test_a_pi_run_logs_no_rl_or_spinn_only_params() -> None:
     rl = TrainConfig.build({"model": {"variant": "rl"}}).flat()
     assert {"model.reward", "model.entropy_weight", "model.transition_loss_weight"} <= rl.keys()
     assert "model.d_tracker" not in TrainConfig.build({"model": {"variant": "pi-nt"}}).flat()
+
+
+def test_the_smoke_run_trains_on_one_thread() -> None:
+    """Measured (issue 24 item 10): on two shared cores torch's two threads made the smoke run's 320 steps
+    take 86 s wall and most of its 76 CPU-s; on one thread they take seconds."""
+    from flows.main import SMOKE_OVERRIDES
+    from spinn.settings import nest
+    from spinn.training.config import TrainConfig
+
+    config = TrainConfig.build(nest(SMOKE_OVERRIDES.items()))
+    assert config.threads == 1 and config.max_steps <= 320
