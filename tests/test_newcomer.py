@@ -428,3 +428,17 @@ def test_the_smoke_run_trains_on_one_thread() -> None:
 
     config = TrainConfig.build(nest(SMOKE_OVERRIDES.items()))
     assert config.threads == 1 and config.max_steps <= 320
+
+
+def test_retraining_identical_settings_reuses_the_registered_version(prepared, workdir) -> None:
+    """The same settings again are the same run: no second version with the same checkpoint digest."""
+    import mlflow
+
+    from spinn.training.train import train
+
+    paths = (prepared / "train.parquet", prepared / "dev.parquet")
+    config = tiny_config(max_steps=2, registered_model="spinn-again")
+    first = train(*paths, config, progress=False)
+    again = train(*paths, config, progress=False)
+    assert (again.run_id, again.model_version) == (first.run_id, first.model_version)
+    assert len(mlflow.MlflowClient().search_model_versions("name = 'spinn-again'")) == 1
