@@ -365,7 +365,7 @@ def test_runs_get_distinct_names_and_hold_their_data_and_confusion_matrices(prep
     assert str(prepared / "train.parquet") in inputs["training"].source
     assert "best_step" in run.data.tags and "best_step" not in run.data.metrics
     dev = {item.path for item in client.list_artifacts(run.info.run_id, "dev")}
-    assert dev == {"dev/dev_confusion.png", "dev/dev_scores.json"}
+    assert dev == {"dev/confusion.png", "dev/dev_scores.json"}  # the same name as test/confusion.png
 
     test = shutil.copy(prepared / "dev.parquet", workdir / "test.parquet")
     metrics = evaluate(first.best_checkpoint, test, workdir / "test.json", plot=workdir / "confusion.png")
