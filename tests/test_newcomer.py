@@ -442,3 +442,19 @@ def test_retraining_identical_settings_reuses_the_registered_version(prepared, w
     again = train(*paths, config, progress=False)
     assert (again.run_id, again.model_version) == (first.run_id, first.model_version)
     assert len(mlflow.MlflowClient().search_model_versions("name = 'spinn-again'")) == 1
+
+
+def test_an_unverified_archive_in_place_offline_names_its_checksum(tmp_path: Path) -> None:
+    """The newcomer's local SNLI-shaped archive sat in data/raw and the stage went to the network: offline,
+    the error now says that archive is there and which checksum variable would accept it."""
+    import hashlib
+
+    archive = tmp_path / "raw" / "snli_1.0.zip"
+    archive.parent.mkdir()
+    archive.write_bytes(b"an SNLI-shaped archive")
+    digest = hashlib.sha256(archive.read_bytes()).hexdigest()
+    variables = {"SPINN_DOWNLOAD_URL": "http://no-such-host.invalid/snli_1.0.zip", "DVC_STAGE": "download"}
+    result = _spinn_download(tmp_path, **variables)
+    assert result.exit_code == 1 and result.stderr.count("\n") == 1, result.output
+    assert "is in place but does not match" in result.stderr
+    assert f"give the SPINN_DOWNLOAD_CHECKSUM variable sha256:{digest}" in result.stderr
