@@ -39,6 +39,7 @@ from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
 from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shards import hold_output
+from spinn.labeling.spread import spread_over
 from spinn.labeling.track import label_metrics, log_label_run
 
 INDEX_NAME = "index.json"
@@ -189,7 +190,7 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
     output is this run's alone meanwhile (`hold_output`: a `spinn label` on it is refused, and this run is if
     one holds it)."""
     started = time.perf_counter()
-    settings = request.label_settings()
+    settings = spread_over(request.label_settings(), input_path, request.dask_workers)
     output = request.outbox / output_name(input_path)
     with hold_output(output):
         planned = plan_task(input_path, output, request.model, settings)

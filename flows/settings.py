@@ -134,7 +134,9 @@ class EvaluateRequest(_Request):
     params: Path | None = Field(DEFAULT_PARAMS, description=PARAMS_HELP)
     model: str = Field(DEFAULT_MODEL, description="A checkpoint path or an MLflow model URI.")
     data: Path = Path("data/prepared/test.parquet")
-    output: Path = Path("data/metrics/test.json")
+    output: Path | None = Field(
+        None, description="The metrics file (none: data/evaluations/<time>-<model>/metrics.json, never DVC's)."
+    )
     settings: EvaluateOverrides = Field(default_factory=EvaluateOverrides)  # type: ignore[valid-type]
 
     @model_validator(mode="after")

@@ -24,13 +24,12 @@ from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
 from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings
+from spinn.training.progress import REPORT_EVERY_S
 
 DOWNLOAD_RETRIES = 3
 DOWNLOAD_RETRY_DELAYS_S = [10, 60, 300]
 """Academic servers drop connections and rate-limit; a retry resumes the `.part` file."""
 RESULTS = {"persist_result": True, "result_serializer": "json"}
-PROGRESS_REPORT_S = 30.0
-"""How often training logs a progress line to the run's logs (a bar cannot show there)."""
 
 
 def retryable(_task: Task, _run: TaskRun, state: State) -> bool:
@@ -146,7 +145,7 @@ def train_stage(
         run_name=run_name,
         register=False,
         progress=False,
-        report_every_s=PROGRESS_REPORT_S,
+        report_every_s=REPORT_EVERY_S,
     )
     metrics_files = write_metrics_files(result, metrics_dir)
     summary = {
@@ -161,13 +160,13 @@ def train_stage(
     return StageOutput.of(summary, result.best_checkpoint, *metrics_files)
 
 
-@task(name="evaluate", task_run_name="evaluate", cache_key_fn=cache_on("model", "data"), **RESULTS)
+@task(name="evaluate", task_run_name="evaluate", cache_key_fn=cache_on("model", "data"), log_prints=True, **RESULTS)
 def evaluate_stage(
     model: str, data: Path, output: Path, plot: Path, predictions: Path, settings: EvaluateSettings
 ) -> StageOutput:
     from spinn.training.evaluate import evaluate, report_path
 
-    metrics = evaluate(model, data, output, settings, plot=plot, predictions=predictions)
+    metrics = evaluate(model, data, output, settings, plot=plot, predictions=predictions, report_every_s=REPORT_EVERY_S)
     return StageOutput.of(metrics.summary(), output, report_path(output), plot, predictions)
 
 

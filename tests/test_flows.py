@@ -190,6 +190,25 @@ def test_rerun_skips_every_finished_stage_and_registers_nothing_new(project, fir
     assert len(mlflow.MlflowClient().search_model_versions("name = 'flow-test'")) == 1
 
 
+def test_a_rerun_without_prefect_s_cache_record_reuses_the_finished_run(project, first_run, monkeypatch):
+    """Issue 24: another PREFECT_HOME, a cleared cache or another machine sharing data/ has no cache record;
+    train then runs on the finished run's folder, which is the result instead of a refusal."""
+    from flows import tasks
+    from flows.train_spinn import train_spinn
+
+    monkeypatch.setattr(tasks, "train_stage", tasks.train_stage.with_options(refresh_cache=True))
+    state = train_spinn(project["corpus"], project["training"], return_state=True)
+    assert state.is_completed(), state.message
+    assert stage_states(state.state_details.flow_run_id)["train"] == ["Completed"]
+    result, first = state.result(), first_run.result()
+    assert (result.run_id, result.checkpoint, result.best_dev_accuracy) == (
+        first.run_id,
+        first.checkpoint,
+        first.best_dev_accuracy,
+    )
+    assert result.registered["created"] is False
+
+
 def test_a_deleted_output_is_rebuilt_and_nothing_downstream_reruns(project, first_run):
     from flows.train_spinn import train_spinn
 

@@ -387,7 +387,7 @@ def test_runs_get_distinct_names_and_hold_their_data_and_confusion_matrices(prep
     assert str(prepared / "train.parquet") in inputs["training"].source
     assert "best_step" in run.data.tags and "best_step" not in run.data.metrics
     dev = {item.path for item in client.list_artifacts(run.info.run_id, "dev")}
-    assert dev == {"dev/dev_confusion.png", "dev/dev_scores.json"}
+    assert dev == {"dev/confusion.png", "dev/dev_scores.json"}  # the same name as test/confusion.png
 
     test = shutil.copy(prepared / "dev.parquet", workdir / "test.parquet")
     metrics = evaluate(first.best_checkpoint, test, workdir / "test.json", plot=workdir / "confusion.png")
@@ -532,8 +532,8 @@ def test_without_an_output_folder_each_distinct_run_trains_into_its_own(prepared
     assert first.best_checkpoint.parent != other.best_checkpoint.parent
     assert first.best_checkpoint.parent.parent == other.best_checkpoint.parent.parent == Path("data/runs")
     assert load_checkpoint(first.best_checkpoint).run_id == first.run_id
-    with pytest.raises(SpinnError, match="earlier run"):
-        train(*paths, tiny_config(max_steps=1), register=False, progress=False)
+    again = train(*paths, tiny_config(max_steps=1), register=False, progress=False)  # issue 24: reused
+    assert (again.run_id, again.best_checkpoint) == (first.run_id, first.best_checkpoint)
 
 
 def test_a_checkpoint_record_round_trips_through_the_file_it_writes(tmp_path):

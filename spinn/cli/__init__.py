@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import os
 import sys
 import warnings
 from importlib import import_module
@@ -28,6 +29,8 @@ from importlib import import_module
 import click
 
 from spinn.errors import SpinnError, SpinnWarning, advice, one_line, option_name
+
+DVC_STAGE_VARIABLE = "DVC_STAGE"
 
 EXIT_USER_ERROR = 1
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -68,9 +71,19 @@ class _Group(click.Group):
                 warnings.showwarning = _one_line_for_ours(warnings.showwarning)
                 return super().invoke(ctx)
         except SpinnError as error:
-            fix = advice(error, option_name)
+            fix = advice(error, _fix_words())
             click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
             sys.exit(EXIT_USER_ERROR)
+
+
+def _fix_words():
+    """How a fix names a setting: an option at the command line; under `dvc repro` (DVC sets DVC_STAGE for
+    stage commands), whose commands users do not type, the variable or params.yaml entry that sets it."""
+    if not os.environ.get(DVC_STAGE_VARIABLE):
+        return option_name
+    from spinn.data.download import variable_name
+
+    return variable_name
 
 
 def _one_line_for_ours(show):

@@ -81,6 +81,17 @@ class DownloadResult:
 CorpusName = Literal["snli", "multinli"]
 
 
+DOWNLOAD_VARIABLES = {"url": "SPINN_DOWNLOAD_URL", "file": "SPINN_DOWNLOAD_FILE", "checksum": "SPINN_DOWNLOAD_CHECKSUM"}
+"""The environment variables that set these settings: how they are given under `dvc repro`, whose stage
+command is fixed in dvc.yaml."""
+
+
+def variable_name(setting: str) -> str:
+    """A setting as `dvc repro` users give it: its variable (`file` -> the SPINN_DOWNLOAD_FILE variable)."""
+    variable = DOWNLOAD_VARIABLES.get(setting)
+    return f"the {variable} variable" if variable else f"{setting} in params.yaml"
+
+
 class DownloadSettings(Settings):
     """Which corpus, and where its archive comes from."""
 
@@ -90,11 +101,11 @@ class DownloadSettings(Settings):
     """The official corpus to fetch."""
     archive: str | None = None
     """The archive's file name in the raw folder (default: the official one, e.g. snli_1.0.zip)."""
-    url: str | None = Field(default_factory=env_default("SPINN_DOWNLOAD_URL"))
+    url: str | None = Field(default_factory=env_default(DOWNLOAD_VARIABLES["url"]))
     """A mirror of the archive instead of the official address."""
-    file: Path | None = Field(default_factory=env_default("SPINN_DOWNLOAD_FILE"), validate_default=True)
+    file: Path | None = Field(default_factory=env_default(DOWNLOAD_VARIABLES["file"]), validate_default=True)
     """A local copy of the archive instead of fetching it."""
-    checksum: str | None = Field(default_factory=env_default("SPINN_DOWNLOAD_CHECKSUM"))
+    checksum: str | None = Field(default_factory=env_default(DOWNLOAD_VARIABLES["checksum"]))
     """Expected digest, sha256:HEX or md5:HEX (default: the published one)."""
 
     @field_validator("checksum")

@@ -99,8 +99,26 @@ def ensure_archive(archive: Path, checksum: Checksum, *, url: str, file: Path | 
     if file is not None:
         copy_local(Path(file), archive, checksum)
     else:
-        fetch_url(url, archive, checksum, progress)
+        try:
+            fetch_url(url, archive, checksum, progress)
+        except DownloadError as error:
+            better = _unverified_in_place(archive, checksum, error)
+            if better is None:
+                raise
+            raise better from error
     return True
+
+
+def _unverified_in_place(archive: Path, checksum: Checksum, error: DownloadError) -> DownloadError | None:
+    """Offline (the fetch could not resolve its host) beside an archive already in place that did not verify:
+    the likely fix is that archive's own checksum (a local SNLI-shaped copy), so the error says so."""
+    if (error.fix or (None,))[0] != "file" or not archive.is_file():
+        return None
+    actual = f"{checksum.algorithm}:{file_digest(archive, checksum.algorithm)}"
+    return DownloadError(
+        f"{archive} is in place but does not match {checksum}, and fetching the official one failed: {error}",
+        fix=("checksum", f"if {archive.name} is the archive you mean, give {{}} {actual}"),
+    )
 
 
 def part_path(dest: Path) -> Path:

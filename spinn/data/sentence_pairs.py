@@ -35,6 +35,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field
 
+from spinn.data.column_sidecar import sidecar_columns, sidecar_path
 from spinn.data.limits import DEFAULT_MAX_TOKENS, check_length, max_chars
 from spinn.data.rejects import RecordProblem, Reject, RejectReason
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
@@ -66,10 +67,10 @@ WIDE_TEXT_BOMS = {
 SNIFF_BYTES = 4096
 """How much of a text file is looked at to tell its kind: enough to hold several rows of any export."""
 
-PREMISE_COLUMNS = ("premise", "sentence1")
-HYPOTHESIS_COLUMNS = ("hypothesis", "sentence2")
-ID_COLUMNS = ("id", "pair_id", "pairID")
-LABEL_COLUMNS = ("label", "gold_label")
+PREMISE_COLUMNS = ("premise", "sentence1", "sentence_A")
+HYPOTHESIS_COLUMNS = ("hypothesis", "sentence2", "sentence_B")
+ID_COLUMNS = ("id", "pair_id", "pairID", "pair_ID")
+LABEL_COLUMNS = ("label", "gold_label", "gold", "entailment_label", "entailment_judgment")  # the last three: SICK
 
 # CSV follows RFC 4180 (quoted fields may hold delimiters, quotes and newlines).
 # TSV has no quoting at all, as in SNLI, MultiNLI and GLUE: a `"` is just a character.
@@ -93,7 +94,7 @@ class Columns(Settings):
     id: str | None = Field(None, json_schema_extra={"cli": "--id-column"})
     """The pair id column (default: id, pair_id or pairID when present, else the row number)."""
     label: str | None = Field(None, json_schema_extra={"cli": "--label-column"})
-    """Gold labels, optional (default: label or gold_label when present)."""
+    """Gold labels, optional (default: label, gold_label, gold, entailment_label or entailment_judgment)."""
 
 
 @dataclass(frozen=True)
@@ -165,9 +166,11 @@ def read_input_pairs(
 ) -> Iterator[InputPair | Reject]:
     """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now.
     A sentence longer than `max_tokens` allows in characters is rejected as too_long, before any tokenizer."""
-    path, columns = Path(path), columns or Columns()
+    path = Path(path)
     if not path.is_file():
         raise SpinnError(f"{path}: no such file")
+    given = (columns or Columns()).model_dump(exclude_none=True)  # over the file's sidecar, if it has one
+    columns = Columns.build(sidecar_columns(path), given, where=str(sidecar_path(path)))
     detected = detect_format(path, fmt)
     _check_content(path, detected)
     reader = _READERS[detected]

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 
 from spinn.data.schema import LABELS
 from spinn.labeling.drift import NO_REFERENCE, total_variation
+from spinn.labeling.gold import gold_report
 from spinn.labeling.settings import PARSER_STANZA, PROBABILITY_COLUMNS
 
 
@@ -140,6 +141,7 @@ class LabelSummary:
         if self.oov_share is not None:
             lines.append(f"out of the model's vocabulary: {self.oov_share:.1%} of tokens")
         lines += self._prediction_lines()
+        lines += gold_report(self.output)
         workers = f" ({self.parser_workers} workers)" if self.parser_workers > 1 else ""
         lines.append(f"model {self.model}, parser {self.parser}{workers}")
         return lines

@@ -50,7 +50,6 @@ class TrainingRun:
     dev_path: Path
     rng_ranks: list[dict] = field(default_factory=list)  # every rank's RNG states at the last checkpoint
     report_every_s: float | None = None
-    next_report: float = 0.0
 
 
 def build_run(
@@ -73,7 +72,8 @@ def build_run(
     device = distributed.setup(topology, resolve_device(config.device).type)
     vectors, report = _vectors(config, vocabulary, embeddings_dir, progress, topology)
     model_config = _fit_embedding_size(config.model, vectors.shape[1])
-    config = config.replace(model=model_config).resolved(device.type)
+    train = read_examples(train_path, vocabulary)
+    config = config.replace(model=model_config).resolved(device.type, len(train))
     random.seed(config.seed)
     torch.manual_seed(config.seed)  # every rank starts from the same weights
     model = SPINN(model_config, torch.from_numpy(vectors)).to(device)
@@ -95,7 +95,7 @@ def build_run(
         step,
         InferStep(model, source=model_config.evaluation_source, graphs=config.graphs),
         vocabulary,
-        read_examples(train_path, vocabulary),
+        train,
         read_examples(dev_path, vocabulary),
         device,
         output_dir,

@@ -29,22 +29,6 @@ from spinn.training.folders import LAST_CHECKPOINT
 from spinn.training.metrics import Metrics
 from spinn.training.state import TrainState, budget_spent
 
-RESUMABLE_CHANGES = frozenset(
-    {
-        "max_epochs",
-        "max_steps",
-        "patience",
-        "eval_every",
-        "checkpoint_every",
-        "log_every",
-        "device",
-        "threads",
-        "processes",
-        "graphs",
-    }
-)
-"""Settings a resumed run may change: how long it goes on and where it runs, not what it learns."""
-
 
 def save_run(run: TrainingRun, state: TrainState, path: Path, metrics: Metrics | None = None) -> None:
     """Write the run as it stands to `path` (last.pt, or best.pt with the dev `metrics` that made it best)."""
@@ -87,9 +71,9 @@ def resume_run(run: TrainingRun) -> TrainState:
 
 
 def _check_same_learning(before: TrainConfig, now: TrainConfig, path: Path) -> None:
-    """Refuse a resume that would change what the run learns (RESUMABLE_CHANGES aside)."""
-    saved, current = before.to_dict(), now.to_dict()
-    changed = sorted(key for key in current if key not in RESUMABLE_CHANGES and saved.get(key) != current[key])
+    """Refuse a resume that would change what the run learns (its identity: TrainConfig.identity)."""
+    saved, current = before.identity(), now.identity()
+    changed = sorted(key for key in current if saved.get(key) != current[key])
     if changed:
         raise SpinnError(
             f"{path}: was trained with other settings ({', '.join(changed)}); "

@@ -47,7 +47,34 @@ FROM_VARIANT = {"default_from": "the paper's value for the variant"}
 """Marks fields whose default depends on model.variant (the CLI's help says so)."""
 
 
+EVALS_PER_EPOCH = 4
+"""eval_every auto: at least this many dev evaluations per epoch, so a small corpus still gets a dev curve,
+best-model selection and early stopping."""
+MAX_AUTO_EVAL_EVERY = 1_000
+"""eval_every auto on a large corpus: the paper-scale interval (SNLI at batch 32 has 17,193 steps an epoch)."""
+
+
+RUN_LENGTH = frozenset({"max_epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every"})
+"""Settings that say how long a run goes on and when it looks at itself: a resumed run may change them."""
+RUN_PLACE = frozenset({"device", "threads", "processes", "graphs", "experiment", "registered_model", "alias"})
+"""Settings that say where a run computes and where it is recorded, not what it learns."""
+NOT_IDENTITY = RUN_LENGTH | RUN_PLACE
+"""The one declaration of what a run's identity leaves out: its folder's digest and the check that a resumed
+run still learns the same both read `TrainConfig.identity()`."""
+
+
+RL_ONLY = ("reward", "baseline", "baseline_decay", "policy_weight", "entropy_weight")
+VARIANT_PARAMS: dict[str, frozenset[str]] = {
+    **{f"model.{name}": frozenset({"rl"}) for name in RL_ONLY},
+    "model.transition_loss_weight": frozenset({"spinn", "rl"}),
+    "model.d_tracker": frozenset({"pi", "spinn", "rl"}),
+}
+"""Model settings that only some variants use: MLflow params leave them out of other variants' runs, where a
+value would suggest it mattered."""
+
+
 BatchSize = count_or_auto("pairs")
+StepCount = count_or_auto("steps")
 
 
 class TrainConfig(Settings):
@@ -87,8 +114,9 @@ class TrainConfig(Settings):
     """Stop after this many passes over the training split."""
     max_steps: int | None = Field(None, ge=1)
     """Stop after this many optimizer steps (none: only max_epochs)."""
-    eval_every: int = Field(1_000, ge=1)
-    """Steps between dev evaluations (early stopping, best.pt)."""
+    eval_every: StepCount = AUTO
+    """Steps between dev evaluations (early stopping, best.pt); auto: min(1000, steps per epoch // 4), at
+    least 1, so every epoch is evaluated at least four times."""
     log_every: int = Field(50, ge=1)
     """Steps between training-metric logs."""
     patience: int = Field(10, ge=1)
@@ -142,11 +170,15 @@ class TrainConfig(Settings):
         """A checkpoint's stored config."""
         return cls.build(data, where="train config")
 
-    def resolved(self, device: str) -> TrainConfig:
-        """The config with `batch_size: auto` decided for the device the run uses ("cuda" or "cpu")."""
-        if self.batch_size != AUTO:
-            return self
-        return self.replace(batch_size=GPU_BATCH_SIZE if device == "cuda" else REFERENCE_BATCH_SIZE)
+    def resolved(self, device: str, train_pairs: int) -> TrainConfig:
+        """The config with its autos decided: `batch_size` for the device the run uses ("cuda" or "cpu"),
+        then `eval_every` for the steps an epoch of `train_pairs` takes at that batch size."""
+        config = self
+        if config.batch_size == AUTO:
+            config = config.replace(batch_size=GPU_BATCH_SIZE if device == "cuda" else REFERENCE_BATCH_SIZE)
+        if config.eval_every == AUTO:
+            config = config.replace(eval_every=auto_eval_every(train_pairs, config.batch_size))
+        return config
 
     def schedule(self) -> Schedule:
         """The learning-rate schedule of this (resolved) batch size: the paper's, scaled to its batch."""
@@ -159,9 +191,34 @@ class TrainConfig(Settings):
             warmup_steps=-(-self.warmup_pairs // self.batch_size),
         )
 
+    def identity(self) -> dict[str, Any]:
+        """The settings that make the model what it is (NOT_IDENTITY aside): equal for two runs of one folder."""
+        return {key: value for key, value in self.to_dict().items() if key not in NOT_IDENTITY}
+
+    def same_run_as(self, saved: TrainConfig) -> bool:
+        """This config asks for the run `saved` (a checkpoint's resolved config) was: same identity and length,
+        a setting left auto here matching whatever the run decided. The embedding size is the vectors' (the
+        `embeddings` settings, compared), whatever the preset said."""
+        mine = self.replace(model=self.model.replace(d_embed=saved.model.d_embed)).to_dict()
+        theirs = saved.to_dict()
+        compared = set(self.identity()) | RUN_LENGTH
+        return all(mine[key] in (AUTO, theirs.get(key)) for key in compared)
+
     def flat(self) -> dict[str, Any]:
-        """`model.d_hidden`-style keys, for MLflow params."""
-        return dict(_flatten(self.to_dict()))
+        """`model.d_hidden`-style keys, for MLflow params: the settings this variant uses (VARIANT_PARAMS)."""
+        variant = self.model.variant
+        return {
+            key: value
+            for key, value in _flatten(self.to_dict())
+            if variant in VARIANT_PARAMS.get(key, frozenset({variant}))
+        }
+
+
+def auto_eval_every(train_pairs: int, batch_size: int) -> int:
+    """Steps between dev evaluations when the config says auto: EVALS_PER_EPOCH per epoch, at most
+    MAX_AUTO_EVAL_EVERY steps apart."""
+    steps_per_epoch = -(-train_pairs // batch_size)
+    return max(1, min(MAX_AUTO_EVAL_EVERY, steps_per_epoch // EVALS_PER_EPOCH))
 
 
 def _migrate_flat_embeddings(data: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ periodic dev evaluation.
 from __future__ import annotations
 
 import csv
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -37,6 +37,7 @@ from spinn.model.loading import load_model, resolve_device
 from spinn.model.spinn import SPINN
 from spinn.settings import Device, Settings
 from spinn.training.metrics import Metrics, plot_confusion, score
+from spinn.training.progress import ProgressClock
 from spinn.trees.transitions import bracket_counts
 
 EVAL_BATCH_SIZE = 256
@@ -64,17 +65,34 @@ def predict_examples(
     batch_size: int = EVAL_BATCH_SIZE,
     step: InferStep | None = None,
     progress: bool = False,
+    report_every_s: float | None = None,
 ) -> Scored:
     """Run `model` over labelled examples (the one inference loop, `predict`) and score every prediction.
 
     A caller that scores often (training's dev evaluation) passes its own InferStep, so its CUDA graphs
-    are kept. Bracket F1 compares the trees the tracker built (greedy) with the examples' own parses."""
+    are kept. Bracket F1 compares the trees the tracker built (greedy) with the examples' own parses.
+    `report_every_s`: also print a progress line with an ETA that often (logs, where no bar shows)."""
     bar = tqdm(total=len(examples), disable=not progress, unit="pair", desc="evaluate", dynamic_ncols=True)
     with bar:
-        found = predict(model, examples, device, batch_size, source, step=step, on_batch=bar.update)
+        on_batch = _reporting(bar, ProgressClock(len(examples), report_every_s))
+        found = predict(model, examples, device, batch_size, source, step=step, on_batch=on_batch)
     gold = numpy.array([example.label for example in examples], dtype=numpy.int64)  # (N,)
     bracket_f1 = _bracket_f1(found, examples) if source is TransitionSource.GREEDY else None
     return Scored(gold, found.labels, found.transition_accuracy, bracket_f1)
+
+
+def _reporting(bar: tqdm, clock: ProgressClock) -> Callable[[int], None]:
+    """A per-batch callback that moves the bar and prints a timed progress line when one is due."""
+    done = 0
+
+    def on_batch(pairs: int) -> None:
+        nonlocal done
+        done += pairs
+        bar.update(pairs)
+        if clock.due():
+            print(f"evaluate {clock.fraction(done)} pairs; {clock.eta(done)}", flush=True)
+
+    return on_batch
 
 
 def _bracket_f1(found: Predictions, examples: Sequence[Example]) -> float | None:
@@ -97,9 +115,13 @@ def score_examples(
     source: TransitionSource = TransitionSource.GOLD,
     batch_size: int = EVAL_BATCH_SIZE,
     step: InferStep | None = None,
+    report_every_s: float | None = None,
 ) -> Metrics:
     """Accuracy and friends of `model` on labelled examples."""
-    return predict_examples(model, examples, device, source=source, batch_size=batch_size, step=step).metrics()
+    found = predict_examples(
+        model, examples, device, source=source, batch_size=batch_size, step=step, report_every_s=report_every_s
+    )
+    return found.metrics()
 
 
 def read_examples(path: Path, vocabulary: Vocabulary) -> list[Example]:
@@ -137,8 +159,10 @@ def evaluate(
     predictions: Path | None = None,
     vocab: Path | None = None,
     progress: bool = False,
+    report_every_s: float | None = None,
 ) -> Metrics:
-    """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV)."""
+    """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV).
+    `report_every_s`: also print a progress line with an ETA that often (a flow's logs)."""
     settings = settings or EvaluateSettings()
     loaded = load_model(model_reference, resolve_device(settings.device))
     if vocab is not None:
@@ -152,6 +176,7 @@ def evaluate(
         source=source,
         batch_size=settings.batch_size,
         progress=progress,
+        report_every_s=report_every_s,
     )
     tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
     metrics = replace(found.metrics(), oov_share=unknown / tokens if tokens else None)

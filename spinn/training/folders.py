@@ -26,12 +26,11 @@ from pathlib import Path
 
 from spinn.errors import SpinnError
 from spinn.io import FolderLock, file_digest, tidy_folder
+from spinn.model.checkpoint import load_checkpoint
 from spinn.training.config import TrainConfig
 
 RUNS_DIR = Path("data/runs")
 """The default root of run folders (`spinn train` without --output-dir)."""
-BOOKKEEPING = ("experiment", "registered_model", "alias", "threads")
-"""Settings that name where a run is recorded or how many threads it may use, not what it trains."""
 DIGEST_CHARS = 10
 LAST_CHECKPOINT = "last.pt"
 BEST_CHECKPOINT = "best.pt"
@@ -43,14 +42,37 @@ MLFLOW_RUN_FACT = "mlflow_run_id"
 
 
 def run_folder(root: Path, config: TrainConfig, train: Path, dev: Path, vocab: Path | None = None) -> Path:
-    """`root/<variant>-<train file>-<digest>`: the digest covers the settings that change the model and the
-    input files' contents, so equal runs share a folder and different runs never do."""
-    settings = {key: value for key, value in config.to_dict().items() if key not in BOOKKEEPING}
+    """`root/<variant>-<train file>-<digest>`: the digest covers the run's identity (the settings that change
+    the model, TrainConfig.identity) and the input files' contents, so equal runs share a folder, different
+    runs never do, and a run resumed with a larger budget finds the folder it started in."""
+    settings = config.identity()
     files = {"train": train, "dev": dev, "vocab": vocab}
     inputs = {name: file_digest(path, "sha256") for name, path in files.items() if path is not None}
     key = json.dumps({"settings": settings, "inputs": inputs}, sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
     return Path(root) / f"{config.model.variant}-{Path(train).stem}-{digest}"
+
+
+def check_resumable(output_dir: Path) -> None:
+    """`resume` where there is nothing to resume is a mistake (a changed setting moved the run to another
+    folder, or a typo in the folder): say so rather than start a new run."""
+    if not (Path(output_dir) / LAST_CHECKPOINT).exists():
+        raise SpinnError(
+            f"{output_dir}: no {LAST_CHECKPOINT} to resume from",
+            fix=("resume", "drop {} to start a new run, or name the folder that holds the run"),
+        )
+
+
+def holds_finished_run(output_dir: Path, config: TrainConfig) -> bool:
+    """The folder holds a run that finished with these very settings: running them again is that run, so it
+    is reused (resumed, with nothing left to train) instead of refused, whatever cache pointed here or not."""
+    last = Path(output_dir) / LAST_CHECKPOINT
+    if not last.exists():
+        return False
+    saved = load_checkpoint(last)
+    if saved.train_config is None or not (saved.state or {}).get("finished"):
+        return False
+    return config.same_run_as(TrainConfig.from_dict(saved.train_config))
 
 
 def check_folder(output_dir: Path, told: bool, tracking) -> None:

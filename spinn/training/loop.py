@@ -23,6 +23,7 @@ from spinn.training.checkpoints import save_run
 from spinn.training.evaluate import score_examples
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT
 from spinn.training.loader import prefetch
+from spinn.training.progress import ProgressClock
 from spinn.training.state import TrainState, budget_spent
 
 RL_METRICS = ("rl_reward", "rl_baseline", "policy_entropy", "reduce_fraction")
@@ -44,6 +45,7 @@ def loop(run: TrainingRun, state: TrainState, tracking, progress: bool) -> None:
         dynamic_ncols=True,
     )
     window = _Window(time.perf_counter())
+    clock = ProgressClock(planned_steps(run), run.report_every_s if run.topology.is_main else None, state.step)
     try:
         while state.epoch < config.max_epochs:
             order = bucket_batches(run.train, config.batch_size, shuffle=True, seed=config.seed + state.epoch)
@@ -52,7 +54,10 @@ def loop(run: TrainingRun, state: TrainState, tracking, progress: bool) -> None:
                 state.step += 1
                 state.batch_in_epoch += 1
                 bar.update()
-                if _after_step(run, state, window, tracking, bar):
+                stop = _after_step(run, state, window, tracking, bar)
+                if clock.due():
+                    print(_progress_line(run, state, clock, window), flush=True)
+                if stop:
                     return
             state.epoch += 1
             state.batch_in_epoch = 0
@@ -69,9 +74,11 @@ def planned_steps(run: TrainingRun) -> int:
 
 @dataclass
 class _Window:
-    """When the time since the last log line began (wall clock, evaluation and checkpoints excluded)."""
+    """When the time since the last log line began (wall clock, evaluation and checkpoints excluded), and
+    what that log line said (progress lines repeat it rather than read the device again)."""
 
     started: float
+    metrics: dict[str, float] | None = None
 
     def restart(self) -> None:
         self.started = time.perf_counter()
@@ -113,6 +120,7 @@ def _log_window(run: TrainingRun, state: TrainState, window: _Window, tracking, 
     if run.model.config.samples_transitions:
         metrics.update({name: sums[name] for name in RL_METRICS})
     tracking.log_metrics(metrics, state.step)
+    window.metrics = metrics
     bar.set_postfix(
         loss=f"{metrics['train_loss']:.3f}",
         acc=f"{metrics['train_accuracy']:.3f}",
@@ -121,26 +129,33 @@ def _log_window(run: TrainingRun, state: TrainState, window: _Window, tracking, 
     state.train_seconds += seconds
     state.train_pairs += int(sums["pairs"])
     window.restart()
-    if run.report_every_s is not None and time.monotonic() >= run.next_report:
-        run.next_report = time.monotonic() + run.report_every_s
-        print(_progress_line(run, state, metrics), flush=True)
 
 
-def _progress_line(run: TrainingRun, state: TrainState, metrics: dict[str, float]) -> str:
-    planned = planned_steps(run)
-    line = (
-        f"train step {state.step}/{planned} ({state.step / planned:.0%}): loss {metrics['train_loss']:.3f}, "
-        f"accuracy {metrics['train_accuracy']:.3f}, {metrics['pairs_per_second']:,.0f} pairs/s"
-    )
+def _progress_line(run: TrainingRun, state: TrainState, clock: ProgressClock, window: _Window) -> str:
+    """Where training stands: the step, the last logged metrics (no device read of its own) and the ETA."""
+    line = f"train step {clock.fraction(state.step)}"
+    if window.metrics is not None:
+        metrics = window.metrics
+        line += (
+            f": loss {metrics['train_loss']:.3f}, accuracy {metrics['train_accuracy']:.3f}, "
+            f"{metrics['pairs_per_second']:,.0f} pairs/s"
+        )
     if state.best_step:
         line += f"; best dev accuracy {state.best_dev_accuracy:.4f} at step {state.best_step}"
-    return line
+    return f"{line}; {clock.eta(state.step)}"
 
 
 def evaluate_dev(run: TrainingRun, state: TrainState, tracking) -> int:
     """Dev accuracy now (rank 0); keeps best.pt; returns evaluations since the best one (for early stopping)."""
     # rl is scored on the trees it builds itself (greedy): that is how it will be used.
-    metrics = score_examples(run.model, run.dev, run.device, source=run.dev_infer.source, step=run.dev_infer)
+    metrics = score_examples(
+        run.model,
+        run.dev,
+        run.device,
+        source=run.dev_infer.source,
+        step=run.dev_infer,
+        report_every_s=run.report_every_s,
+    )
     state.last_eval_step = state.step
     logged = {"dev_accuracy": metrics.accuracy}
     if metrics.transition_accuracy is not None:

@@ -172,7 +172,7 @@ def _dev_report(report: dict, folder: Path) -> list[Path]:
     scores = folder / "dev_scores.json"
     scores.write_text(json.dumps(report["dev"], indent=2), encoding="utf-8")
     title = f"{report['config']['model']['variant']} on dev, step {report['best_step']}"
-    return [scores, plot_confusion(Metrics.from_json(report["dev"]), folder / "dev_confusion.png", title=title)]
+    return [scores, plot_confusion(Metrics.from_json(report["dev"]), folder / "confusion.png", title=title)]
 
 
 def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, Path, Path]:

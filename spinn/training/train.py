@@ -33,8 +33,10 @@ from spinn.training.folders import (
     MLFLOW_RUN_FACT,
     RUNS_DIR,
     check_folder,
+    check_resumable,
     clear_run_files,
     close_abandoned_run,
+    holds_finished_run,
     run_folder,
 )
 from spinn.training.loop import loop
@@ -62,7 +64,8 @@ def train(
 
     `output_dir`: by default this run's own folder under data/runs (spinn/training/folders.py).
     `resume`: continue the run whose last.pt is in `output_dir`; `overwrite`:
-    replace the run there; with neither, a folder holding a run is refused. `report_every_s`: also print
+    replace the run there; with neither, a folder holding a run is refused, unless it holds this very run
+    finished (same settings, TrainConfig.same_run_as): that run is the result. `report_every_s`: also print
     a progress line at the first log interval after each such span (where no bar is seen: Prefect's logs).
     With `processes` > 1 outside torchrun, starts torchrun on this node and returns what its rank 0
     trained. Under torchrun, rank 0 returns the result and the other ranks None."""
@@ -75,6 +78,9 @@ def train(
             f"{output_dir}: resume continues the run there and overwrite replaces it",
             fix=(("resume", "overwrite"), "give {} or {}, not both"),
         )
+    if resume:
+        check_resumable(output_dir)
+    resume = resume or _reusable(output_dir, config, overwrite, say=progress or report_every_s is not None)
     topology = Topology.from_environment()
     if config.processes > 1 and not topology.distributed:
         arguments = dict(vocab_path=vocab_path, embeddings_dir=embeddings_dir, run_name=run_name, register=register)
@@ -120,6 +126,15 @@ def _follow(run: TrainingRun, state: TrainState, tracking) -> None:
     distributed.barrier()
 
 
+def _reusable(output_dir: Path, config: TrainConfig, overwrite: bool, say: bool) -> bool:
+    """The folder already holds this very run, finished: it is the result (resumed with nothing to do)."""
+    if overwrite or not holds_finished_run(output_dir, config):
+        return False
+    if say:
+        tqdm.write(f"{output_dir}: holds this run, finished; reusing it")
+    return True
+
+
 def _starting_state(run: TrainingRun, resume: bool, overwrite: bool, progress: bool) -> TrainState:
     """Where the run starts: last.pt's state when resuming one, else step 0 (the earlier run's files gone
     first when overwriting it)."""
@@ -128,6 +143,4 @@ def _starting_state(run: TrainingRun, resume: bool, overwrite: bool, progress: b
         clear_run_files(run.output_dir)
     if resume and last.exists():
         return resume_run(run)
-    if resume and progress:
-        tqdm.write(f"no {last} to resume from; starting a new run")
     return TrainState()

@@ -1,0 +1,36 @@
+"""A per-file column mapping: `<file>.columns.json` beside a sentence-pair file names its columns.
+
+Files dropped into the inbox come from many sources, each with its own column
+names; no option can be given per file there. A sidecar such as
+`sick.csv.columns.json` holding `{"premise": "sentence_A", "label": "gold"}`
+says it for that one file; columns named on the command line still win.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from spinn.errors import SpinnError
+
+SIDECAR_SUFFIX = ".columns.json"
+
+
+def sidecar_path(path: Path) -> Path:
+    """`data/inbox/sick.csv` -> `data/inbox/sick.csv.columns.json`."""
+    return path.with_name(path.name + SIDECAR_SUFFIX)
+
+
+def sidecar_columns(path: Path) -> dict[str, Any]:
+    """The column roles the file's sidecar names (empty without a sidecar)."""
+    sidecar = sidecar_path(Path(path))
+    if not sidecar.is_file():
+        return {}
+    try:
+        mapping = json.loads(sidecar.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise SpinnError(f"{sidecar}: not a readable JSON object of role -> column ({error})") from None
+    if not isinstance(mapping, dict):
+        raise SpinnError(f'{sidecar}: expected a JSON object of role -> column, e.g. {{"label": "gold"}}')
+    return mapping
