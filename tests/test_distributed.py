@@ -8,6 +8,7 @@ it imports MLflow or publishes a file, so a passing run proves they never do.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,7 +136,8 @@ def test_two_ranks_train_what_one_process_trains_in_one_run(project):
     # first: rank 0 fills the vector cache. Progress as lines for logs: rank 0 prints them, no rank draws a bar
     two = run(project, "two", "--set", "max_steps=20", "--set", "processes=2", "--report-every", "1")
     printed = two.stdout + two.stderr
-    assert "train step 5/20 (25%)" in printed and "s/step" not in printed and "step/s" not in printed
+    assert re.search(r"train step \d+/20 \(\d+%\)", printed)  # lines on time (every second here), not bars
+    assert "s/step" not in printed and "step/s" not in printed
     run(project, "one", "--set", "max_steps=20", "--no-register")
     assert_same_weights(project / "one" / "last.pt", project / "two" / "last.pt", WEIGHT_TOLERANCE)
     assert len(load_checkpoint(project / "two" / "last.pt").rng_by_rank()) == 2

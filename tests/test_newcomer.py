@@ -14,7 +14,9 @@ from tests import test_train
 from tests.test_train import TINY_MODEL, tiny_config
 
 prepared = test_train.prepared  # the 1,024 real training pairs, prepared once for the module
-workdir = test_train.workdir
+aligned = test_train.aligned  # the module's vectors, aligned once
+fresh_workdir = test_train.fresh_workdir
+workdir = test_train.workdir  # a copy of the migrated store and of the vectors per test
 
 ROOT = Path(__file__).resolve().parents[1]
 

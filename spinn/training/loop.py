@@ -36,7 +36,6 @@ def loop(run: TrainingRun, state: TrainState, tracking, progress: bool) -> None:
     thread one step ahead of the model; the step never waits for the device, and
     the loop reads the accumulated metrics once per log interval. `tracking`
     (spinn.tracking.store) is used on rank 0 only."""
-    config = run.config
     bar = tqdm(
         total=planned_steps(run),
         initial=state.step,
@@ -47,23 +46,31 @@ def loop(run: TrainingRun, state: TrainState, tracking, progress: bool) -> None:
     window = _Window(time.perf_counter())
     clock = ProgressClock(planned_steps(run), run.report_every_s if run.topology.is_main else None, state.step)
     try:
-        while state.epoch < config.max_epochs:
-            order = bucket_batches(run.train, config.batch_size, shuffle=True, seed=config.seed + state.epoch)
-            for batch in prefetch(run.train, order[state.batch_in_epoch :], run.device, run.topology):
-                run.step(batch, state.step)
-                state.step += 1
-                state.batch_in_epoch += 1
-                bar.update()
-                stop = _after_step(run, state, window, tracking, bar)
-                if clock.due():
-                    print(_progress_line(run, state, clock, window), flush=True)
-                if stop:
-                    return
-            state.epoch += 1
-            state.batch_in_epoch = 0
-        state.finished = True
+        _epochs(run, state, window, clock, tracking, bar)
+        if clock.every_s is not None and clock.reported != state.step:  # logs end where training stopped
+            _report(run, state, clock, window)
     finally:
         bar.close()
+
+
+def _epochs(run: TrainingRun, state: TrainState, window: _Window, clock: ProgressClock, tracking, bar) -> None:
+    """Epochs until the budget is spent (finished) or a step says stop (max_steps, early stopping)."""
+    config = run.config
+    while state.epoch < config.max_epochs:
+        order = bucket_batches(run.train, config.batch_size, shuffle=True, seed=config.seed + state.epoch)
+        for batch in prefetch(run.train, order[state.batch_in_epoch :], run.device, run.topology):
+            run.step(batch, state.step)
+            state.step += 1
+            state.batch_in_epoch += 1
+            bar.update()
+            stop = _after_step(run, state, window, tracking, bar)
+            if clock.due():
+                _report(run, state, clock, window)
+            if stop:
+                return
+        state.epoch += 1
+        state.batch_in_epoch = 0
+    state.finished = True
 
 
 def planned_steps(run: TrainingRun) -> int:
@@ -129,6 +136,11 @@ def _log_window(run: TrainingRun, state: TrainState, window: _Window, tracking, 
     state.train_seconds += seconds
     state.train_pairs += int(sums["pairs"])
     window.restart()
+
+
+def _report(run: TrainingRun, state: TrainState, clock: ProgressClock, window: _Window) -> None:
+    print(_progress_line(run, state, clock, window), flush=True)
+    clock.reported = state.step
 
 
 def _progress_line(run: TrainingRun, state: TrainState, clock: ProgressClock, window: _Window) -> str:

@@ -26,6 +26,8 @@ class ProgressClock:
         self._clock = clock
         self._started, self._done_at_start = clock(), done
         self._next = self._started + (every_s or 0.0)
+        self.reported: int | None = None
+        """The units done at the last line printed (the caller sets it), so a closing line is not a repeat."""
 
     def due(self) -> bool:
         """True once per `every_s` seconds (never without `every_s`)."""
