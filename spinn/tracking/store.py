@@ -39,6 +39,7 @@ from spinn.io import atomic_path, tidy_folder
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MODEL_ARTIFACT_DIR = "model"
+ARTIFACTS_PROGRESS_BAR = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
 CHECKPOINT_NAME = "checkpoint.pt"
 MODEL_URI_SCHEMES = ("models:/", "runs:/", "mlflow-artifacts:/")
 MAX_PARAM_LENGTH = 500  # MLflow refuses longer param values
@@ -71,7 +72,9 @@ def tracking_uri() -> str:
 def _mlflow(*, write: bool = False):
     """Import MLflow pointed at our store (imported lazily: it takes seconds), opened once per process.
 
-    `write`: refuse first, in one line, a store this process cannot write to."""
+    `write`: refuse first, in one line, a store this process cannot write to. MLflow's per-download progress
+    bar is off unless the user turned it on: fetching a model's three files drew bars into every log."""
+    os.environ.setdefault(ARTIFACTS_PROGRESS_BAR, "false")
     import mlflow
 
     uri = tracking_uri()
