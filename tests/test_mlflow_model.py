@@ -103,6 +103,8 @@ def test_training_logs_a_logged_model_with_its_dev_metrics(smoke_model, store):
     assert {"dev_macro_f1", "dev_examples"} <= set(metrics)
     outputs = client.get_run(version.run_id).outputs.model_outputs
     assert [output.model_id for output in outputs] == [model.model_id], "the run lists it in its Logged models"
+    listed = json.loads(model.tags["mlflow.modelVersions"])  # the logged model's page: "Model versions"
+    assert {"name": "label-test", "version": str(version.version)} in listed
 
 
 def test_the_model_carries_a_signature_an_example_and_spinn_as_its_code(smoke_model, store, tmp_path):

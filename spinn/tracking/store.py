@@ -24,6 +24,7 @@ rebuilt the same way, under the lock; a store holding runs is never touched.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import sqlite3
 import subprocess
@@ -412,7 +413,19 @@ def register(name: str, run_id: str, tags: dict[str, str], description: str = ""
     version = client.create_model_version(
         name, source, run_id=run_id, description=description, tags=tags, model_id=model_id
     )
+    if model_id:
+        _list_version_on_model(client, model_id, name, str(version.version))
     return str(version.version)
+
+
+def _list_version_on_model(client, model_id: str, name: str, version: str) -> None:
+    """Record the version on the logged model, as mlflow.register_model does: the UI's logged-model page reads
+    this tag for "Model versions" (without it the page says "Not registered")."""
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    listed = json.loads(client.get_logged_model(model_id).tags.get(MLFLOW_MODEL_VERSIONS) or "[]")
+    listed.append({"name": name, "version": version})
+    client.set_logged_model_tags(model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(listed)})
 
 
 def versions_of_run(name: str, run_id: str) -> list[tuple[str, dict[str, str]]]:
