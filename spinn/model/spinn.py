@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spinn.errors import SpinnError
-from spinn.model import spec, thin_stack_forward
+from spinn.model import spec, thin_stack_forward, thin_stack_infer
 from spinn.model.addressing import Layout, StepPlan, device_real_steps
 from spinn.model.batch import Batch
 from spinn.model.cells import Classifier, Reduce, Tracker, WordEmbedding
@@ -128,7 +128,10 @@ class Encoder(nn.Module):
         run = thin_stack_forward.Run(layout, lengths, real, plan, chooser)
         tracker = None if self.tracker is None else (self.tracker.gates.weight, self.tracker.gates.bias)
         compose = (self.reduce.compose.weight, self.reduce.compose.bias)
-        roots, states = thin_stack_forward.encode(words, tracker, compose, run)
+        if thin_stack_infer.applies(words):
+            roots, states = thin_stack_infer.encode(words, tracker, compose, run, gold[1] if gold else None)
+        else:
+            roots, states = thin_stack_forward.encode(words, tracker, compose, run)
         if plan is not None:
             return spec.EncoderOutput(roots, states, gold[1], plan.legal, real)
         return spec.EncoderOutput(roots, states, chooser.taken.t(), chooser.legal, real)
