@@ -30,8 +30,7 @@ from spinn.labeling.summary import ShardResult
 from spinn.parsing.cpu import torch_threads
 from spinn.parsing.parse import SENTENCES
 from spinn.parsing.protocol import Parsed, PendingParse, Unparsed
-from spinn.trees.transitions import transitions_to_tree
-from spinn.trees.tree import format_binary
+from spinn.trees.transitions import format_transitions
 
 
 @dataclass
@@ -171,7 +170,7 @@ def _output_row(pair: dict, sentences: tuple, found: Predictions, index: int, la
     one the model built)."""
     ran = (found.premise_transitions[index], found.hypothesis_transitions[index])
     trees = [
-        sentence.tree or format_binary(transitions_to_tree(sentence.tokens, list(steps)))
+        sentence.tree or format_transitions(sentence.tokens, steps)
         for sentence, steps in zip(sentences, ran, strict=True)
     ]
     row = {
