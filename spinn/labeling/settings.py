@@ -66,6 +66,9 @@ class LabelSettings(Settings):
     """Rows per shard: the unit of resuming and of parallel work."""
     device: Device = "auto"
     """Where the model runs; auto: the GPU when there is one."""
+    int8: bool = False
+    """int8 dynamic quantization of the model's linear layers, CPU only: about 3x the arithmetic rate; the
+    labels agree with fp32 on nearly every pair, not all (measured in scripts/label_speed.sh's notes)."""
     threads: int = Field(1, ge=1)
     """torch threads for the model on CPU (more pay only on idle cores; the labels do not depend on it)."""
     columns: Columns = Columns()

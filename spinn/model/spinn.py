@@ -31,6 +31,7 @@ D hidden, Dt tracker, E embedding.
 
 from __future__ import annotations
 
+import warnings
 from typing import NamedTuple
 
 import torch
@@ -95,6 +96,13 @@ class Encoder(nn.Module):
         self.tracker = (
             Tracker(config.d_hidden, config.d_tracker, config.predicts_transitions) if config.has_tracker else None
         )
+        self.int8: thin_stack_infer.Cells | None = None
+        """The cells' int8 GEMMs once `quantize_int8` packed them (CPU inference only)."""
+
+    def quantize_int8(self) -> None:
+        """Pack the cells' weights for int8 dynamic GEMMs: CPU labelling at about 3x the fp32 arithmetic."""
+        tracker = None if self.tracker is None else (self.tracker.gates.weight, self.tracker.gates.bias)
+        self.int8 = thin_stack_infer.Cells.of(tracker, (self.reduce.compose.weight, self.reduce.compose.bias), True)
 
     def forward(
         self,
@@ -129,7 +137,10 @@ class Encoder(nn.Module):
         tracker = None if self.tracker is None else (self.tracker.gates.weight, self.tracker.gates.bias)
         compose = (self.reduce.compose.weight, self.reduce.compose.bias)
         if thin_stack_infer.applies(words):
-            roots, states = thin_stack_infer.encode(words, tracker, compose, run, gold[1] if gold else None)
+            cells = self.int8 or thin_stack_infer.Cells.of(tracker, compose)
+            roots, states = thin_stack_infer.encode(words, cells, run, gold[1] if gold is not None else None)
+        elif self.int8 is not None:
+            raise SpinnError("an int8 model runs only for inference on the CPU")
         else:
             roots, states = thin_stack_forward.encode(words, tracker, compose, run)
         if plan is not None:
@@ -178,6 +189,15 @@ class SPINN(nn.Module):
                 "some sentences have no tree (tokens-only data): only a model that builds its own "
                 "trees can read them (rl, or spinn on greedy transitions)"
             )
+
+    def quantize_int8(self) -> None:
+        """int8 dynamic quantization of the linear layers for CPU inference: the encoder's cells and the
+        classifier MLP (weights per output channel, activations per call). For labelling; not undone."""
+        if self.encoder is not None:
+            self.encoder.quantize_int8()
+        with warnings.catch_warnings():  # torch's notices that its quantized tensors are deprecated
+            warnings.simplefilter("ignore")
+            torch.ao.quantization.quantize_dynamic(self.classifier, {nn.Linear}, dtype=torch.qint8, inplace=True)
 
     def observe_rewards(self, rewards: Tensor) -> None:
         """rl: let a moving-average baseline see this batch's rewards (after the loss used the old value)."""
