@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
+from spinn.errors import SpinnError
 from spinn.model import thin_stack_infer
 from spinn.model.batch import Batch, make_batch
 from spinn.model.config import TREE_VARIANTS, SPINNConfig, TransitionSource
@@ -64,3 +65,27 @@ def test_computing_only_the_rows_read_gives_the_numbers_of_computing_every_row(d
         torch.testing.assert_close(
             reduce_only.transition_logits, full.transition_logits, rtol=TOLERANCE, atol=TOLERANCE
         )
+
+
+def test_int8_labels_stay_close_to_fp32_and_the_trees_stay_the_tracker_s(dev):
+    """--int8 quantizes the composition and classifier GEMMs: the logits move a little, never far, and the
+    tracker (fp32) builds the same trees as long as the compositions it reads barely move."""
+    batch, vocab_size = dev
+    torch.manual_seed(0)
+    config = SPINNConfig(variant="spinn", d_embed=8, d_hidden=64, d_tracker=16, mlp_layers=1, mlp_dim=64)
+    model = SPINN(config, random_vectors(vocab_size, config.d_embed)).eval()
+    with torch.no_grad():
+        fp32 = model(batch, source=TransitionSource.GREEDY)
+        model.quantize_int8()
+        int8 = model(batch, source=TransitionSource.GREEDY)
+    assert not torch.equal(int8.logits, fp32.logits)
+    torch.testing.assert_close(int8.logits, fp32.logits, rtol=0.0, atol=0.05 * float(fp32.logits.abs().max()))
+    assert (int8.transitions == fp32.transitions).float().mean() > 0.99
+
+
+def test_an_int8_model_refuses_training(dev):
+    batch, vocab_size = dev
+    model = SPINN(SPINNConfig(variant="spinn", **TINY), random_vectors(vocab_size, TINY["d_embed"]))
+    model.quantize_int8()
+    with pytest.raises(SpinnError, match="int8 model runs only for inference on the CPU"):
+        model(batch, source=TransitionSource.GOLD)

@@ -100,7 +100,7 @@ class Encoder(nn.Module):
         """The cells' int8 GEMMs once `quantize_int8` packed them (CPU inference only)."""
 
     def quantize_int8(self) -> None:
-        """Pack the cells' weights for int8 dynamic GEMMs: CPU labelling at about 3x the fp32 arithmetic."""
+        """Pack the composition's weights for int8 dynamic GEMMs (CPU inference; the tracker stays fp32)."""
         tracker = None if self.tracker is None else (self.tracker.gates.weight, self.tracker.gates.bias)
         self.int8 = thin_stack_infer.Cells.of(tracker, (self.reduce.compose.weight, self.reduce.compose.bias), True)
 
@@ -191,7 +191,7 @@ class SPINN(nn.Module):
             )
 
     def quantize_int8(self) -> None:
-        """int8 dynamic quantization of the linear layers for CPU inference: the encoder's cells and the
+        """int8 dynamic quantization of the linear layers for CPU inference: the composition and the
         classifier MLP (weights per output channel, activations per call). For labelling; not undone."""
         if self.encoder is not None:
             self.encoder.quantize_int8()
