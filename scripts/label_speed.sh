@@ -47,7 +47,7 @@ timed() {
   local input=$1 parser=$2
   shift 2
   rm -rf "$work/out.parquet" "$work/out.parquet.parts" "$work/out.rejects.jsonl"
-  /usr/bin/time -f "%e %U %S %M" -o "$work/time" "$spinn" label "$work/$input" --model "$model" \
+  /usr/bin/time -f "%e %U %S %M" -o "$work/time" "$spinn" label "$work/$input.csv" --model "$model" \
     --output "$work/out.parquet" --device cpu --parser "$parser" --no-parse-cache --no-progress \
     --stanza-dir "$shared/stanza/stanza_resources" "$@" >/dev/null
   awk '{printf "%.2f %.2f %.0f\n", $1, $2 + $3, $4 / 1024}' "$work/time"
