@@ -12,7 +12,9 @@ tracker. So each step here
 3. composes only the sentences that REDUCE, and writes those nodes;
 
 with h and c in separate memories, so each GEMM reads exactly the h halves it
-multiplies (no zero weight columns). The rows it computes see the same inputs
+multiplies (no zero weight columns). When the model chooses its own transitions
+a node takes the next free memory row, so the memory holds the nodes made, not
+a row per sentence and step. The rows it computes see the same inputs
 and the same cells as in the full loop, so the roots, the tracker states of
 the real steps and the transitions are the same (tests/test_thin_stack_infer.py);
 the rows it skips were never read.
@@ -29,11 +31,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from spinn.model.addressing import READ_SLOTS, SECOND_SLOT, TOP_SLOT, WORD_BASE, DeviceStacks
+from spinn.model.addressing import BUFFER_SLOT, READ_SLOTS, SECOND_SLOT, TOP_SLOT, WORD_BASE, DeviceStacks
 from spinn.model.cells import CHILD_SLOTS, REDUCE_GATES, TRACKER_READ_ORDER, lstm, tree_lstm
 from spinn.model.policy import sample_actions
 from spinn.model.thin_stack_forward import Run
-from spinn.trees.transitions import PAD_TRANSITION, REDUCE
+from spinn.trees.transitions import PAD_TRANSITION, REDUCE, SHIFT
 
 CHILD_ORDER = [SECOND_SLOT, TOP_SLOT]
 """The composition's input blocks, as read slots: [left child (stack second), right child (stack top)]."""
@@ -127,8 +129,12 @@ class _InferLoop:
     def __init__(self, words: Tensor, cells: Cells, run: Run, gold: Tensor | None):
         layout = run.layout
         self.run, self.n, self.d = run, layout.sentences, words.shape[1] // 2
-        self.memory_h = words.new_empty(layout.rows, self.d)  # (R, D)
-        self.memory_c = words.new_empty(layout.rows, self.d)  # (R, D)
+        # A plan's reads name the layout's node rows; nodes the loop places itself take the next free row,
+        # and a sentence of at most L words makes at most L - 1 of them: a third of the layout's node rows.
+        rows = layout.rows if run.plan is not None else layout.node_base + self.n * max(layout.width - 1, 0)
+        self.next_node = layout.node_base
+        self.memory_h = words.new_empty(rows, self.d)  # (R', D)
+        self.memory_c = words.new_empty(rows, self.d)  # (R', D)
         for memory, half in ((self.memory_h, 0), (self.memory_c, 1)):
             memory[:WORD_BASE].zero_()
             memory[WORD_BASE : layout.node_base].copy_(words.view(-1, 2, self.d)[:, half])
@@ -148,9 +154,9 @@ class _InferLoop:
             if self.cells.tracker_read is not None:
                 h = self._track(reads, active, states, cells, step)  # (A, Dt)
             action = self._action(step, stacks, active, h)  # (N,)
-            self._compose(step, reads, action, states[step + 1] if states is not None else None)
+            nodes = self._compose(step, reads, action, states[step + 1] if states is not None else None)
             if stacks is not None:
-                stacks.apply(action, reads, step)
+                stacks.move(action == SHIFT, action == REDUCE, reads[:, BUFFER_SLOT], nodes)
         run.roots = run.plan.roots if stacks is None else stacks.roots()
         roots = self.memory_h.index_select(0, run.roots)  # (N, D)
         return roots, (states[1:] if states is not None else None)
@@ -188,11 +194,15 @@ class _InferLoop:
         chooser.taken[step].index_copy_(0, active, chosen)
         return chooser.taken[step]
 
-    def _compose(self, step: int, reads: Tensor, action: Tensor, tracking: Tensor | None) -> None:
-        """The TreeLSTM for the sentences that REDUCE at this step, written into their node rows."""
+    def _compose(self, step: int, reads: Tensor, action: Tensor, tracking: Tensor | None) -> Tensor:
+        """The TreeLSTM for the sentences that REDUCE at this step, written into their node rows; returns
+        (N,) each sentence's node row (meaningful where it reduced)."""
         reducing = (action == REDUCE).nonzero().squeeze(1)  # (A,)
+        nodes = self._node_rows(step, reducing)  # (A,)
+        placed = torch.zeros_like(action)  # (N,)
+        placed.index_copy_(0, reducing, nodes)
         if not len(reducing):
-            return
+            return placed
         children = reads.index_select(0, reducing)[:, CHILD_ORDER].reshape(-1)  # (2A,) [left, right] rows
         h_children = self.memory_h.index_select(0, children).view(len(reducing), CHILD_SLOTS * self.d)  # (A, 2D)
         c_children = self.memory_c.index_select(0, children).view(len(reducing), CHILD_SLOTS * self.d)  # (A, 2D)
@@ -200,6 +210,13 @@ class _InferLoop:
         if self.cells.tracking is not None:
             self.cells.tracking.add_to(gates, tracking.index_select(0, reducing))
         h, c = tree_lstm(gates, c_children)  # (A, D) each
-        nodes = self.run.layout.node_base + step * self.n + reducing  # (A,)
         self.memory_h.index_copy_(0, nodes, h)
         self.memory_c.index_copy_(0, nodes, c)
+        return placed
+
+    def _node_rows(self, step: int, reducing: Tensor) -> Tensor:
+        """(A,) where this step's nodes go: the layout's rows for a plan, else the next free rows."""
+        if self.run.plan is not None:
+            return self.run.layout.node_base + step * self.n + reducing
+        first, self.next_node = self.next_node, self.next_node + len(reducing)
+        return torch.arange(first, self.next_node)
