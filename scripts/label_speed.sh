@@ -6,7 +6,8 @@
 #      alternating, ROUNDS times each: medians and the ratio;
 #   2. --parser model on PAIRS raw SNLI test pairs (all 10,000 by default): median wall, pairs/s;
 #   3. peak RSS of --parser model on 20,000 and on 200,000 pairs (SNLI test repeated under new ids);
-#   4. `spinn bench-label` on the PAIRS pairs (model and end-to-end pairs/s inside the process).
+#   4. --int8 on the PAIRS pairs: its time, and how often its labels and trees agree with fp32's;
+#   5. `spinn bench-label` on the PAIRS pairs (model and end-to-end pairs/s inside the process).
 #
 #   scripts/label_speed.sh MODEL [PAIRS] [PAIRS_SMALL] [ROUNDS] [-- extra label options]
 #   (defaults 10000, 1000 and 3; run from the repository root; MODEL: a spinn or rl checkpoint)
@@ -58,12 +59,16 @@ median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cpus; model $model; options: ${extra[*]:-none}"
 : >"$work/model.txt"
 : >"$work/stanza.txt"
+: >"$work/model_cpu.txt"
+: >"$work/stanza_cpu.txt"
 for round in $(seq "$rounds"); do
   read -r wall cpu rss < <(timed small model "${extra[@]}")
   echo "$wall" >>"$work/model.txt"
+  echo "$cpu" >>"$work/model_cpu.txt"
   echo "round $round: model  $small pairs: wall ${wall} s, cpu ${cpu} s, peak RSS ${rss} MiB"
   read -r wall cpu rss < <(timed small stanza)
   echo "$wall" >>"$work/stanza.txt"
+  echo "$cpu" >>"$work/stanza_cpu.txt"
   echo "round $round: stanza $small pairs: wall ${wall} s, cpu ${cpu} s, peak RSS ${rss} MiB"
 done
 model_median=$(median <"$work/model.txt")
@@ -71,6 +76,8 @@ stanza_median=$(median <"$work/stanza.txt")
 awk -v m="$model_median" -v s="$stanza_median" -v n="$small" 'BEGIN {
   printf "%d pairs, median end to end: model %.2f s (%.0f pairs/s), stanza %.2f s (%.0f pairs/s): %.1fx\n",
     n, m, n / m, s, n / s, s / m }'
+awk -v m="$(median <"$work/model_cpu.txt")" -v s="$(median <"$work/stanza_cpu.txt")" \
+  'BEGIN { printf "median CPU seconds: model %.2f, stanza %.2f: %.1fx\n", m, s, s / m }'
 
 : >"$work/big.txt"
 for round in $(seq "$rounds"); do
@@ -80,6 +87,22 @@ for round in $(seq "$rounds"); do
 done
 awk -v m="$(median <"$work/big.txt")" -v n="$pairs" \
   'BEGIN { printf "%d pairs, median end to end: %.2f s, %.0f pairs/s\n", n, m, n / m }'
+
+cp "$work/out.parquet" "$work/fp32.parquet"
+read -r wall cpu rss < <(timed pairs model --int8 "${extra[@]}")
+echo "int8: model $pairs pairs: wall ${wall} s, cpu ${cpu} s, peak RSS ${rss} MiB"
+"$python" - "$work/fp32.parquet" "$work/out.parquet" <<'PY'
+import sys
+
+import pyarrow.parquet as pq
+
+columns = ["pair_id", "label", "premise_tree", "hypothesis_tree"]
+fp32, int8 = (pq.read_table(path, columns=columns).to_pylist() for path in sys.argv[1:])
+pairs = list(zip(fp32, int8, strict=True))
+labels = sum(a["label"] == b["label"] for a, b in pairs)
+trees = sum(a["premise_tree"] == b["premise_tree"] and a["hypothesis_tree"] == b["hypothesis_tree"] for a, b in pairs)
+print(f"int8 against fp32: labels agree on {labels / len(pairs):.2%} of {len(pairs)} pairs, trees on {trees / len(pairs):.2%}")
+PY
 
 read -r _ _ rss20 < <(timed 20k model "${extra[@]}")
 read -r wall200 cpu200 rss200 < <(timed 200k model "${extra[@]}")
