@@ -68,8 +68,8 @@ def test_computing_only_the_rows_read_gives_the_numbers_of_computing_every_row(d
 
 
 def test_int8_labels_stay_close_to_fp32_and_the_trees_stay_the_tracker_s(dev):
-    """--int8 quantizes the composition and classifier GEMMs: the logits move a little, never far, and the
-    tracker (fp32) builds the same trees as long as the compositions it reads barely move."""
+    """--int8 quantizes the composition's GEMMs: the logits move a little, never far, and the tracker (fp32)
+    builds the same trees as long as the compositions it reads barely move."""
     batch, vocab_size = dev
     torch.manual_seed(0)
     config = SPINNConfig(variant="spinn", d_embed=8, d_hidden=64, d_tracker=16, mlp_layers=1, mlp_dim=64)
