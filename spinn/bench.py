@@ -418,6 +418,8 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
         "model_pairs_per_second": summary.model_pairs_per_second,
         "pairs_per_second": summary.pairs_per_second,
         "seconds": summary.seconds,
+        "cpu_seconds": _cpu_seconds(),
+        "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * RSS_UNIT_BYTES,
         "parse_seconds": summary.parse_seconds,
         "model_seconds": summary.model_seconds,
         "rows": summary.rows,
@@ -433,3 +435,9 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
         "load_average": os.getloadavg() if hasattr(os, "getloadavg") else None,
         "torch": torch.__version__,
     }
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU seconds of this process so far: on a shared machine, steadier than wall time."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime

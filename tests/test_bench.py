@@ -254,7 +254,8 @@ def test_label_bench_reports_parse_model_and_end_to_end_speeds():
     for key in ("parse_pairs_per_second", "model_pairs_per_second", "pairs_per_second"):
         assert result[key] > 0
     assert result["pairs_per_second"] == pytest.approx(24 / result["seconds"])
-    assert result["parsing"]["workers"] == 1 and result["threads"] == 1
+    assert result["parsing"]["workers"] == 1 and result["threads"] == 1 and result["int8"] is False
+    assert 0 < result["cpu_seconds"] and result["peak_rss_bytes"] > 2**20  # the process's own, start-up included
 
 
 def test_bench_label_command_prints_one_line_or_json():
@@ -266,7 +267,7 @@ def test_bench_label_command_prints_one_line_or_json():
     arguments += ["--parser", "model", "--device", "cpu"]
     line = CliRunner().invoke(main, arguments)
     assert line.exit_code == 0, line.output
-    assert "24 pairs (24 labelled)" in line.output and "end to end" in line.output
+    assert "24 pairs (24 labelled)" in line.output and "end to end" in line.output and "peak RSS" in line.output
     as_json = CliRunner().invoke(main, [*arguments, "--json"])
     assert json.loads(as_json.output.strip().splitlines()[-1])["parsing"]["cache_path"] is None
 

@@ -13,6 +13,7 @@ from spinn.trees.transitions import (
     Transition,
     TransitionError,
     check_transitions,
+    format_transitions,
     parse_binary,
     read_binary_parse,
     right_branching,
@@ -63,6 +64,12 @@ def test_string_scan_equals_tree_walk(tree):
     assert tokens == tree.leaves()
     assert transitions == [int(t) for t in tree_to_transitions(tree)]
     assert format_binary(parse_binary(text)) == text
+
+
+@given(binary_trees())
+def test_bracketing_straight_from_transitions_equals_formatting_the_tree(tree):
+    transitions = tree_to_transitions(tree)
+    assert format_transitions(tree.leaves(), [int(t) for t in transitions]) == format_binary(tree)
 
 
 @pytest.mark.parametrize(

@@ -74,5 +74,7 @@ def bench_label(input_path: Path, model_reference: str, as_json: bool, **options
         f"{result['rows']} pairs ({result['labelled']} labelled) in {result['seconds']:.1f} s on "
         f"{result['device_name']} ({result['cpus']} cpus), parser {result['parser']} "
         f"({parsing['workers']} workers x {parsing['threads']} threads, batch {parsing['batch_size']}), "
-        f"model threads {result['threads']}: " + ", ".join(f"{name} {rate}" for name, rate in rates.items())
+        f"model threads {result['threads']}{', int8' if result['int8'] else ''}: "
+        + ", ".join(f"{name} {rate}" for name, rate in rates.items())
+        + f"; cpu {result['cpu_seconds']:.1f} s, peak RSS {result['peak_rss_bytes'] / 2**20:.0f} MiB"
     )

@@ -19,10 +19,10 @@ from torch import Tensor
 from spinn.data.example import Example
 from spinn.errors import SpinnError
 from spinn.inference.step import InferStep
-from spinn.model.batch import WIDTH_STEP, bucket_batches, make_batch, own_steps
+from spinn.model.batch import WIDTH_STEP, bucket_batches, make_batch
 from spinn.model.config import TransitionSource
 from spinn.model.spinn import SPINN, transition_counts
-from spinn.trees.transitions import PAD_TRANSITION
+from spinn.trees.transitions import PAD_TRANSITION, transition_count
 
 Steps = tuple[int, ...]
 
@@ -110,7 +110,7 @@ def _read_back(runs: list[_Ran], examples: Sequence[Example]) -> Predictions:
     sorted_probabilities = torch.cat([ran.probabilities for ran in runs]).cpu()  # (N, C)
     probabilities = torch.empty_like(sorted_probabilities)
     probabilities[order] = sorted_probabilities
-    ran_premises, ran_hypotheses = torch.cat(premises).cpu(), torch.cat(hypotheses).cpu()  # (N, T) each
+    ran_premises, ran_hypotheses = torch.cat(premises).tolist(), torch.cat(hypotheses).tolist()  # (N, T) each
     position = torch.empty_like(order)
     position[order] = torch.arange(len(order))  # (N,) sorted row of each input
     rows = position.tolist()
@@ -119,11 +119,16 @@ def _read_back(runs: list[_Ran], examples: Sequence[Example]) -> Predictions:
     return Predictions(
         probabilities.numpy(),
         probabilities.argmax(1).numpy(),
-        [tuple(own_steps(ran_premises, row, len(e.premise))) for row, e in zip(rows, examples, strict=True)],
-        [tuple(own_steps(ran_hypotheses, row, len(e.hypothesis))) for row, e in zip(rows, examples, strict=True)],
+        [_own_steps(ran_premises[row], len(e.premise)) for row, e in zip(rows, examples, strict=True)],
+        [_own_steps(ran_hypotheses[row], len(e.hypothesis)) for row, e in zip(rows, examples, strict=True)],
         int(steps),
         int(agreeing),
     )
+
+
+def _own_steps(padded: list[int], n_tokens: int) -> Steps:
+    """A sentence's 2n - 1 transitions out of its right-padded row, read back once as a list for all rows."""
+    return tuple(padded[: transition_count(n_tokens)])
 
 
 def _padded(transitions: Tensor, width: int) -> Tensor:

@@ -21,13 +21,20 @@ class InferStep:
 
     What it returns is the caller's to keep (a replayed graph's outputs are copied out)."""
 
-    def __init__(self, model: SPINN, source: TransitionSource, *, amp: bool = False, graphs: bool = True):
+    def __init__(
+        self, model: SPINN, source: TransitionSource, *, amp: bool = False, graphs: bool = True, int8: bool = False
+    ):
         """source: gold (the batch's parses) or greedy (the tracker's best legal action, spinn and rl);
-        sampling is for rl's training step, never for inference."""
+        sampling is for rl's training step, never for inference. int8: quantize the model's linear layers
+        (in place; CPU only)."""
         if source is TransitionSource.SAMPLED:
             raise SpinnError("inference runs on gold or greedy transitions; sampled ones are for training rl")
         self.model, self.source, self.amp = model, source, amp
         self.device = next(model.parameters()).device
+        if int8:
+            if self.device.type != "cpu":
+                raise SpinnError(f"int8 runs on the CPU only; this model is on {self.device.type}")
+            model.quantize_int8()
         self.graphs = Graphs(self._run, self.device) if graphs and self.device.type == "cuda" else None
 
     def __call__(self, batch: Batch) -> SPINNOutput:

@@ -36,7 +36,7 @@ class Labeller:
         self.loaded: LoadedModel = load_model(self.reference, resolve_device(settings.device))
         self.parser_name = resolve_parser(settings.parser, self.loaded)
         self.source = TransitionSource.GREEDY if self.parser_name == PARSER_MODEL else TransitionSource.GOLD
-        self.step = InferStep(self.loaded.model, self.source)
+        self.step = InferStep(self.loaded.model, self.source, int8=settings.int8)
         self.parser: Parser = (
             SentenceParser(settings.parsing)
             if self.parser_name == PARSER_STANZA
@@ -58,6 +58,7 @@ class Labeller:
             "parser": self.parser_name,
             "parser_model": self.parser.model_id,
             "max_tokens": self.settings.parsing.max_tokens,
+            "int8": self.settings.int8,
         }
 
     def close(self) -> None:

@@ -21,8 +21,7 @@ from spinn.labeling.settings import PROBABILITY_COLUMNS
 from spinn.parsing.cpu import torch_threads
 from spinn.parsing.parse import SENTENCES
 from spinn.parsing.protocol import Parsed, Unparsed
-from spinn.trees.transitions import transitions_to_tree
-from spinn.trees.tree import format_binary
+from spinn.trees.transitions import format_transitions
 
 TREE_COLUMNS = tuple(f"{name}_tree" for name in SENTENCES)
 PREDICTION_COLUMNS = ("label", *PROBABILITY_COLUMNS, *TREE_COLUMNS)
@@ -128,8 +127,7 @@ def _row(pair: SentencePair, found: Predictions, index: int) -> dict:
     """A pair's label and probabilities, and a tree per sentence (the parser's, or the one the model built)."""
     ran = (found.premise_transitions[index], found.hypothesis_transitions[index])
     trees = [
-        sentence.tree or format_binary(transitions_to_tree(sentence.tokens, list(steps)))
-        for sentence, steps in zip(pair, ran, strict=True)
+        sentence.tree or format_transitions(sentence.tokens, steps) for sentence, steps in zip(pair, ran, strict=True)
     ]
     probabilities = found.probabilities[index].tolist()  # (C,)
     return {

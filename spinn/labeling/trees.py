@@ -23,8 +23,7 @@ from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.settings import Device, Settings
 from spinn.trees.tokenize import tokenize
-from spinn.trees.transitions import parse_binary, transitions_to_tree
-from spinn.trees.tree import format_binary
+from spinn.trees.transitions import format_transitions, parse_binary
 from spinn.trees.treeview import render_trees
 
 TEXT_SUFFIX = ".txt"
@@ -101,7 +100,4 @@ def _trees(loaded: LoadedModel, sentences: list[list[str]], batch_size: int) -> 
     ran = [
         steps for both in zip(found.premise_transitions, found.hypothesis_transitions, strict=True) for steps in both
     ]
-    return [
-        format_binary(transitions_to_tree(tokens, list(steps)))
-        for tokens, steps in zip(sentences, ran[: len(sentences)], strict=True)
-    ]
+    return [format_transitions(tokens, steps) for tokens, steps in zip(sentences, ran[: len(sentences)], strict=True)]

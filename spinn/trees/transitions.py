@@ -122,6 +122,21 @@ def transitions_to_tree(tokens: Sequence[str], transitions: Sequence[int]) -> Tr
     return stack[0]
 
 
+def format_transitions(tokens: Sequence[str], transitions: Sequence[int]) -> str:
+    """`format_binary(transitions_to_tree(tokens, transitions))` without building the tree: the bracket
+    string straight from the stack of phrases. Labelling writes two trees per pair, so this is on its
+    hot path; the transitions must be legal (a model's own are: illegal actions are masked)."""
+    buffer = iter(tokens)
+    stack: list[str] = []
+    for transition in transitions:
+        if transition == SHIFT:
+            stack.append(next(buffer))
+        else:
+            right = stack.pop()
+            stack[-1] = f"{OPEN} {stack[-1]} {right} {CLOSE}"
+    return stack[0]
+
+
 def check_transitions(transitions: Sequence[int], n_tokens: int) -> None:
     """Raise TransitionError unless the sequence is legal and consumes all words into one root."""
     if n_tokens < 1:
