@@ -13,7 +13,6 @@ split. Temporaries a killed run left in the output folder go at the start.
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter, deque
 from collections.abc import Iterable, Iterator
@@ -44,7 +43,7 @@ from spinn.data.rejects import RecordProblem, Reject, RejectReason
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.errors import SpinnError
 from spinn.io import atomic_paths, publish, tidy_folder
-from spinn.settings import Settings
+from spinn.settings import Settings, usable_cores
 
 DEFAULT_MAX_REJECT_RATIO = 0.01
 PIPELINE_SPLITS = ("train", "dev", "test")
@@ -147,7 +146,8 @@ class TooManyRejects(SpinnError):
 
 
 def default_workers() -> int:
-    return max(1, min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
+    """One process per core this process may use (affinity and cgroup quota), up to the cap."""
+    return min(usable_cores(), MAX_DEFAULT_WORKERS)
 
 
 class PrepareSettings(Settings):
