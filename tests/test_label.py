@@ -278,6 +278,8 @@ def label_command(source: Path, output: Path, smoke_model, tmp_path: Path, worke
         str(smoke_model.checkpoint),
         "--output",
         str(output),
+        "--parser",
+        "stanza",
         "--shard-size",
         str(KILL_SHARD_SIZE),
         "--batch-size",
