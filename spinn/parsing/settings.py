@@ -53,7 +53,7 @@ class ParserSettings(Settings):
     threads: int = Field(1, ge=1, json_schema_extra={"cli": "--parser-threads"})
     """torch threads per parser process: Stanza's small models gain nothing from more, and lose much when
     processes share cores."""
-    tokenizer: Tokenizer = TOKENIZER_SPINN
+    tokenizer: Tokenizer = Field(TOKENIZER_SPINN, json_schema_extra={"cli": "--tokenizer"})
     """Who cuts raw text into words: spinn (SNLI's conventions, spinn.trees.tokenize, so `t-shirt` stays one
     word the model knows; Stanza gets the tokens pretokenized) or stanza (Stanza's own tokenizer, which splits
     `t - shirt`)."""
