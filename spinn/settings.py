@@ -143,11 +143,54 @@ def count_or_auto(unit: str) -> Any:
     ]
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (Linux: its affinity, not all the machine's): what auto counts."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CGROUP_V2_MAX = "cpu.max"  # "<quota> <period>" in microseconds, or "max <period>": no quota
+CGROUP_V1_FOLDERS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")  # where v1 mounts the cpu controller
+CGROUP_V1_QUOTA, CGROUP_V1_PERIOD = "cpu.cfs_quota_us", "cpu.cfs_period_us"  # quota -1: none
+NO_QUOTA = "max"
+
+
+def usable_cores(cgroup_root: Path = CGROUP_ROOT) -> int:
+    """The cores this process may really use: its affinity, capped by its cgroup's CPU quota.
+
+    A container on a big machine sees every core in os.cpu_count() (and often in its affinity too) while its
+    quota allows two; threads sized to the machine then wait on each other and the work runs several times
+    slower. Training, labelling, parsing and prepare size their threads and processes by this."""
+    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = cgroup_quota_cores(cgroup_root)
+    return max(1, min(allowed, quota)) if quota is not None else max(1, allowed)
+
+
+def cgroup_quota_cores(cgroup_root: Path = CGROUP_ROOT) -> int | None:
+    """Cores the cgroup's CPU quota allows, rounded up (v2 cpu.max, else v1 cfs quota / period); None: no quota
+    or no cgroup files to read."""
+    v2 = _read(cgroup_root / CGROUP_V2_MAX)
+    if v2 is not None:
+        quota, _, period = v2.partition(" ")
+        return None if quota == NO_QUOTA else _cores(quota, period)
+    for folder in CGROUP_V1_FOLDERS:
+        quota, period = _read(cgroup_root / folder / CGROUP_V1_QUOTA), _read(cgroup_root / folder / CGROUP_V1_PERIOD)
+        if quota is not None and period is not None:
+            return _cores(quota, period)
+    return None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _cores(quota: str, period: str) -> int | None:
+    """ceil(quota / period), at least 1; None for no quota (v1's -1) or text that is not two numbers."""
+    try:
+        quota_us, period_us = int(quota), int(period)
+    except ValueError:
+        return None
+    if quota_us <= 0 or period_us <= 0:
+        return None
+    return max(1, -(-quota_us // period_us))
 
 
 def _is_number(annotation: Any) -> bool:

@@ -137,7 +137,10 @@ def test_stanza_trees_feed_the_model_and_are_recorded(smoke_model, tmp_path, par
 
     rows = smoke_pairs(smoke_model, 12)
     label(
-        write_rows(tmp_path / "pairs.jsonl", rows), smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path)
+        write_rows(tmp_path / "pairs.jsonl", rows),
+        smoke_model.checkpoint,
+        tmp_path / "out.parquet",
+        settings(tmp_path, parser="stanza"),
     )
     labelled = read_output(tmp_path / "out.parquet")
     parser = SentenceParser(ParserSettings(stanza_dir=stanza_dir(), cache_path=tmp_path / "parses.sqlite", workers=1))
@@ -202,7 +205,9 @@ def test_progress_bars_show_pairs_per_second_for_both_phases(smoke_model, tmp_pa
     rows[3]["premise"] = ""
     source = write_rows(tmp_path / "pairs.jsonl", rows)
     source.write_text(source.read_text() + '{"id": "broken", "premise": \n', encoding="utf-8")
-    summary = label(source, smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path), progress=True)
+    summary = label(
+        source, smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path, parser="stanza"), progress=True
+    )
     bars = capsys.readouterr().err
     assert "parse: 100%" in bars and "model: 100%" in bars and "11/11" in bars and "pairs/s" in bars
     assert summary.rejected == 2
@@ -303,6 +308,8 @@ def label_command(source: Path, output: Path, smoke_model, tmp_path: Path, worke
         str(smoke_model.checkpoint),
         "--output",
         str(output),
+        "--parser",
+        "stanza",
         "--shard-size",
         str(KILL_SHARD_SIZE),
         "--batch-size",

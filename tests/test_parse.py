@@ -26,6 +26,8 @@ from spinn.errors import SpinnError
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parsed, Unparsed
 from spinn.parsing.settings import ParserSettings
+from spinn.parsing.stanza_pipeline import stanza_text
+from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import Transition, check_transitions, read_binary_parse
 
 pytestmark = pytest.mark.stanza
@@ -252,6 +254,16 @@ def test_long_sentences_are_rejected_before_stanza_runs(parser: SentenceParser) 
     assert parser.stats.parsed - before == 1
 
 
+def test_stanza_parses_snli_tokens_so_hyphenated_words_stay_whole(parser: SentenceParser, cache_path: Path) -> None:
+    text = "A man in a t-shirt (red) isn't sleeping."
+    result = _parsed(parser.parse([text])[text])
+    assert result.tokens == tokenize(text)  # SNLI's conventions: t-shirt, -LRB-, is n't
+    assert "t-shirt" in result.tokens
+    assert "mwt_model_path" not in parser._stanza.models().files  # one token, one word: no multi-word tokens
+    with SentenceParser(_settings(cache_path, tokenizer="stanza")) as own_tokens:
+        assert own_tokens.model_id != parser.model_id  # parses under Stanza's tokens are never reused
+
+
 def test_token_limit_also_applies_to_stanza_tokens(parser: SentenceParser, cache_path: Path) -> None:
     text = "A dog, a cat."  # 4 words, 6 tokens
     with _sharing_pipeline(parser, _settings(cache_path, max_tokens=5)) as strict:
@@ -266,7 +278,7 @@ def test_a_sentence_stanza_fails_on_is_rejected_alone(parser: SentenceParser, mo
     original = pipeline.process
 
     def failing_process(documents, *args, **kwargs):
-        if any(document.text == poison for document in documents):
+        if any(document.text == stanza_text(poison, parser.settings) for document in documents):
             raise RuntimeError("CUDA out of memory\nmore detail")
         return original(documents, *args, **kwargs)
 
@@ -386,6 +398,7 @@ import json, os, sys
 from spinn.parsing import stanza_pipeline
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.settings import ParserSettings
+from spinn.parsing.stanza_pipeline import stanza_text
 
 build = stanza_pipeline.build_pipeline
 def build_and_log(*args):

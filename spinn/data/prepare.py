@@ -47,7 +47,7 @@ from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.data.split_files import prepared_files, with_partner
 from spinn.errors import SpinnError
 from spinn.io import atomic_paths, plain_file_name, publish, publishing, tidy_folder
-from spinn.settings import Settings
+from spinn.settings import Settings, usable_cores
 
 DEFAULT_MAX_REJECT_RATIO = 0.01
 PIPELINE_SPLITS = ("train", "dev", "test")
@@ -151,7 +151,8 @@ class TooManyRejects(SpinnError):
 
 
 def default_workers() -> int:
-    return max(1, min(os.cpu_count() or 1, MAX_DEFAULT_WORKERS))
+    """One process per core this process may use (affinity and cgroup quota), up to the cap."""
+    return min(usable_cores(), MAX_DEFAULT_WORKERS)
 
 
 class PrepareSettings(Settings):

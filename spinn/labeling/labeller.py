@@ -1,7 +1,8 @@
 """The labeller: a trained model and the parser that feeds it, loaded once per process.
 
-The parser is Stanza for models trained on parses, or tokens only for a model
-that builds its own trees (greedy: its tracker's best legal action). The
+The parser is Stanza for models that need parses (pi, pi-nt, or when asked), or
+tokens only for a model that builds its own trees (spinn, rl; greedy: its
+tracker's best legal action). Stanza is imported only when it is the parser. The
 labeller's inference step is kept for the whole run, so the CUDA graphs it
 captures on a GPU serve every shard.
 """
@@ -66,12 +67,13 @@ class Labeller:
 
 
 def resolve_parser(parser: str, loaded: LoadedModel) -> str:
-    """`auto`: an rl model builds its own trees (it learned them); the others were trained on parses."""
+    """`auto`: a model that predicts its own transitions (spinn, rl) builds its own trees, so no parser loads
+    (SPINN's point: its tracker parses); pi and pi-nt were trained on parses and need Stanza's."""
     config = loaded.model.config
     if parser == PARSER_MODEL and not config.predicts_transitions:
         raise SpinnError(
             f"parser model needs a model that predicts its own transitions (spinn, rl); this one is {config.variant}"
         )
     if parser == PARSER_AUTO:
-        return PARSER_MODEL if config.samples_transitions else PARSER_STANZA
+        return PARSER_MODEL if config.predicts_transitions else PARSER_STANZA
     return parser

@@ -58,8 +58,8 @@ class LabelSettings(Settings):
     """How to read, parse and batch; everything that changes the output is in the plan's fingerprint."""
 
     parser: Parser = PARSER_AUTO
-    """stanza: parse first; model: a spinn or rl model builds its own trees from tokens; auto: model for rl
-    (it learned its own trees), else stanza (the models were trained on parses)."""
+    """stanza: parse first; model: a spinn or rl model builds its own trees from tokens; auto: model for spinn
+    and rl (they predict their own transitions, no parser loads), stanza for pi and pi-nt."""
     batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1)
     """Pairs per model batch (the labels do not depend on it)."""
     shard_size: int = Field(DEFAULT_SHARD_SIZE, ge=1)

@@ -36,9 +36,18 @@ from typing import Self
 from spinn.data.rejects import RejectReason
 from spinn.parsing.cache import ParseCache
 from spinn.parsing.protocol import Parsed, Progress, Unparsed
-from spinn.parsing.settings import DEFAULT_SETTINGS, ParserSettings, check_settings, decided_for, resolve_gpu
+from spinn.parsing.settings import (
+    DEFAULT_SETTINGS,
+    TOKENIZER_SPINN,
+    ParserSettings,
+    check_settings,
+    decided_for,
+    resolve_gpu,
+    tokenization,
+)
 from spinn.parsing.stanza_pipeline import StanzaRunner
 from spinn.parsing.workers import can_fork, parse_in_worker, start_pool
+from spinn.trees.tokenize import tokenize
 
 SCRATCH_CACHE = "parses.sqlite"  # the temporary cache's file when no cache path is set
 
@@ -129,7 +138,7 @@ class SentenceParser:
         A text already in flight for an earlier call waits for that call's batch: never parsed twice."""
         texts = list(sentences)
         pending = PendingParses(self, texts, list(dict.fromkeys(texts)))
-        pending._early, pending._keys_by_text = _precheck_all(pending._keys, self.settings.max_tokens)
+        pending._early, pending._keys_by_text = _precheck_all(pending._keys, self.settings)
         wanted = list(pending._keys_by_text)
         pending._outcomes = self._cached(wanted)
         self.stats.cache_hits += sum(len(pending._keys_by_text[text]) for text in pending._outcomes)
@@ -233,12 +242,15 @@ class SentenceParser:
         return self._pool
 
 
-def _precheck_all(keys: list[str], max_tokens: int) -> tuple[dict[str, Parsed | Unparsed], dict[str, list[str]]]:
+def _precheck_all(
+    keys: list[str], settings: ParserSettings
+) -> tuple[dict[str, Parsed | Unparsed], dict[str, list[str]]]:
     """(early rejections by input text, input texts to parse by their stripped text)."""
     rejections: dict[str, Parsed | Unparsed] = {}
     keys_by_text: dict[str, list[str]] = {}
+    count = _token_counter(settings)
     for key in keys:
-        rejection = _precheck(key.strip(), max_tokens)
+        rejection = _precheck(key.strip(), settings.max_tokens, count)
         if rejection is None:
             keys_by_text.setdefault(key.strip(), []).append(key)
         else:
@@ -246,18 +258,26 @@ def _precheck_all(keys: list[str], max_tokens: int) -> tuple[dict[str, Parsed | 
     return rejections, keys_by_text
 
 
-def _precheck(text: str, max_tokens: int) -> Unparsed | None:
-    """Reject what needs no parser: empty text, or too many words even before tokenization."""
-    if not text:
+def _token_counter(settings: ParserSettings) -> Callable[[str], int]:
+    """Tokens a text will have, known before Stanza runs: exactly with the spinn tokenizer or pretokenized text;
+    with Stanza's tokenizer its words, a lower bound (the limit is applied again to Stanza's tokens)."""
+    if tokenization(settings) == TOKENIZER_SPINN:
+        return lambda text: len(tokenize(text))
+    return lambda text: len(text.split())
+
+
+def _precheck(text: str, max_tokens: int, count: Callable[[str], int]) -> Unparsed | None:
+    """Reject what needs no parser: empty text (or no tokens), or more tokens than the limit."""
+    tokens = count(text) if text else 0
+    if not tokens:
         return Unparsed(RejectReason.EMPTY_SENTENCE, "empty sentence")
-    words = len(text.split())
-    if words > max_tokens:
-        return Unparsed(RejectReason.TOO_LONG, f"{words} words, more than the limit of {max_tokens} tokens")
+    if tokens > max_tokens:
+        return Unparsed(RejectReason.TOO_LONG, f"{tokens} tokens, more than the limit of {max_tokens}")
     return None
 
 
 def _within_limit(outcome: Parsed | Unparsed, max_tokens: int) -> Parsed | Unparsed:
-    """Apply the token limit to Stanza's tokens (punctuation splits off, so they outnumber words)."""
+    """Apply the token limit to the parse's tokens (Stanza's own tokenizer splits punctuation off words)."""
     if isinstance(outcome, Parsed) and len(outcome.tokens) > max_tokens:
         return Unparsed(RejectReason.TOO_LONG, f"{len(outcome.tokens)} tokens, more than the limit of {max_tokens}")
     return outcome

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 
@@ -17,6 +18,10 @@ of 5,000 (one thread, 2-core EPYC): the size hardly matters there, and smaller b
 GPU_BATCH_SIZE = 1024
 """Parse batch auto on the GPU: 8,000 SNLI test pairs took 76 s in batches of 1,024 against 83 s of 256
 (one H100, issue 17)."""
+
+TOKENIZER_SPINN, TOKENIZER_STANZA = "spinn", "stanza"
+PRETOKENIZED = "pretokenized"
+Tokenizer = Literal["spinn", "stanza"]
 
 WorkerCount = count_or_auto("processes")
 SentenceCount = count_or_auto("sentences")
@@ -48,12 +53,22 @@ class ParserSettings(Settings):
     threads: int = Field(1, ge=1, json_schema_extra={"cli": "--parser-threads"})
     """torch threads per parser process: Stanza's small models gain nothing from more, and lose much when
     processes share cores."""
+    tokenizer: Tokenizer = Field(TOKENIZER_SPINN, json_schema_extra={"cli": "--tokenizer"})
+    """Who cuts raw text into words: spinn (SNLI's conventions, spinn.trees.tokenize, so `t-shirt` stays one
+    word the model knows; Stanza gets the tokens pretokenized) or stanza (Stanza's own tokenizer, which splits
+    `t - shirt`)."""
     pretokenized: bool = Field(False, json_schema_extra={"cli": "--pretokenized/--raw-text"})
-    """The sentences are already tokenized, tokens separated by spaces: Stanza's tokenizer is skipped (faster).
-    Leave off for raw text, which Stanza tokenizes."""
+    """The sentences are already tokenized, tokens separated by spaces: they are split on spaces only and no
+    tokenizer runs. Leave off for raw text, which the tokenizer cuts."""
 
 
 DEFAULT_SETTINGS = ParserSettings()
+
+
+def tokenization(settings: ParserSettings) -> str:
+    """How text becomes words: pretokenized (split on spaces), spinn or stanza; part of the parse cache's key,
+    since each may cut the same sentence differently."""
+    return PRETOKENIZED if settings.pretokenized else settings.tokenizer
 
 
 def check_settings(settings: ParserSettings) -> None:

@@ -20,7 +20,8 @@ from spinn.io import file_digest
 from spinn.parsing.convert import OUTPUT_VERSION, outcome
 from spinn.parsing.cpu import gc_frozen, torch_threads
 from spinn.parsing.protocol import Parsed, Unparsed
-from spinn.parsing.settings import RESOURCES_FILE, ParserSettings
+from spinn.parsing.settings import RESOURCES_FILE, TOKENIZER_SPINN, TOKENIZER_STANZA, ParserSettings, tokenization
+from spinn.trees.tokenize import tokenize
 
 STANZA_PROCESSORS = "tokenize,pos,constituency"
 MODEL_PATH_SUFFIX = "_path"  # Stanza config keys naming model files: pos_model_path, pos_pretrain_path, ...
@@ -53,7 +54,7 @@ class StanzaRunner:
     def model_id(self) -> str:
         """sha256 over Stanza's version, the tokenization and the bytes of every model file the pipeline loads."""
         if self._model_id is None:
-            self._model_id = model_id(self.models().files, self.settings.pretokenized)
+            self._model_id = model_id(self.models().files, tokenization(self.settings))
         return self._model_id
 
     def loaded(self) -> Any:
@@ -88,8 +89,20 @@ class StanzaRunner:
         import torch
 
         pipeline = self.loaded()
+        words = [stanza_text(text, self.settings) for text in texts]
         with torch_threads(self.settings.threads), torch.inference_mode(), gc_frozen():
-            return pipeline.bulk_process(texts)  # pretokenized: each text's tokens split on spaces
+            return pipeline.bulk_process(words)  # pretokenized: each text's tokens split on spaces
+
+
+def stanza_text(text: str, settings: ParserSettings) -> str:
+    """What Stanza is given for a text: with the spinn tokenizer, SNLI's tokens space-joined (one token, one word:
+    no token holds a space), so Stanza's trees have the leaves a model trained on SNLI knows."""
+    return " ".join(tokenize(text)) if tokenization(settings) == TOKENIZER_SPINN else text
+
+
+def stanza_tokenizes(settings: ParserSettings) -> bool:
+    """True when Stanza's own tokenizer cuts the text (it may then split words into multi-word tokens)."""
+    return tokenization(settings) == TOKENIZER_STANZA
 
 
 def resolve_models(settings: ParserSettings) -> Models:
@@ -102,7 +115,7 @@ def resolve_models(settings: ParserSettings) -> Models:
 
     folder = Path(settings.stanza_dir or DEFAULT_MODEL_DIR)
     files = (
-        _stanza_model_files(folder, settings.language, settings.pretokenized)
+        _stanza_model_files(folder, settings.language, not stanza_tokenizes(settings))
         if (folder / RESOURCES_FILE).is_file()
         else {}
     )
@@ -112,7 +125,7 @@ def resolve_models(settings: ParserSettings) -> Models:
     if settings.stanza_dir is not None:
         raise SpinnError(f"Stanza model folder {folder} lacks {', '.join(missing) or STANZA_PROCESSORS + ' models'}")
     _download_models(folder, settings.language)
-    return Models(folder, _stanza_model_files(folder, settings.language, settings.pretokenized))
+    return Models(folder, _stanza_model_files(folder, settings.language, not stanza_tokenizes(settings)))
 
 
 def _stanza_model_files(folder: Path, language: str, pretokenized: bool) -> dict[str, Path]:
@@ -156,13 +169,13 @@ def _download_models(folder: Path, language: str) -> None:
         ) from error
 
 
-def model_id(files: dict[str, Path], pretokenized: bool) -> str:
-    """Raw and pretokenized text of the same sentence may be split differently: their parses never mix."""
+def model_id(files: dict[str, Path], tokenized_by: str) -> str:
+    """Each tokenization (stanza, spinn, pretokenized) may cut a sentence differently: their parses never mix."""
     import stanza
 
     digest = hashlib.sha256(f"stanza {stanza.__version__}\0{OUTPUT_VERSION}".encode())
-    if pretokenized:
-        digest.update(b"\0pretokenized")
+    if tokenized_by != TOKENIZER_STANZA:  # Stanza's own tokens keep the key they always had
+        digest.update(f"\0{tokenized_by}".encode())
     for key, path in sorted(files.items()):
         digest.update(f"\0{key}\0{file_digest(path)}".encode())
     return digest.hexdigest()
@@ -181,7 +194,7 @@ def build_pipeline(settings: ParserSettings, models: Models, use_gpu: bool) -> A
         use_gpu=use_gpu,
         logging_level=STANZA_LOG_LEVEL,
         tokenize_no_ssplit=True,
-        tokenize_pretokenized=settings.pretokenized,
+        tokenize_pretokenized=not stanza_tokenizes(settings),
         tokenize_batch_size=settings.batch_size,
         pos_batch_size=settings.batch_size,
         constituency_batch_size=settings.batch_size,

@@ -130,7 +130,7 @@ class TrainConfig(Settings):
     amp: bool = True
     """bf16 autocast on GPU (cell state stays fp32)."""
     threads: int | None = Field(None, ge=1)
-    """torch intra-op threads on CPU (none: torch's choice)."""
+    """torch intra-op threads on CPU (none: the cores this process may use, affinity and cgroup quota)."""
     experiment: str = "spinn"
     """MLflow experiment."""
     registered_model: str = "spinn"

@@ -23,6 +23,7 @@ from tqdm import tqdm
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
 from spinn.errors import SpinnError
 from spinn.io import lock_folder
+from spinn.settings import usable_cores
 from spinn.training import distributed
 from spinn.training.build import TrainingRun, build_run
 from spinn.training.checkpoints import resume_run
@@ -88,8 +89,8 @@ def train(
         return train_distributed(
             train_path, dev_path, config, output_dir, resume=resume, overwrite=overwrite, **arguments
         )
-    if config.threads is not None:
-        torch.set_num_threads(config.threads)
+    # none: the cores this process may use (a cgroup quota included), not torch's count of the machine's cores
+    torch.set_num_threads(config.threads or usable_cores())
     run_name = run_name or default_run_name(config, Path(train_path))
     output_dir = Path(output_dir)
     paths = (Path(train_path), Path(dev_path), config, output_dir, vocab_path, Path(embeddings_dir))

@@ -1,0 +1,105 @@
+"""Labelling with no parser: `parser: auto` gives spinn and rl models their own trees, and Stanza never loads.
+
+The proof runs `spinn label` in a subprocess where `import stanza` raises (a
+sys.meta_path blocker that also writes down every attempt) and no Stanza model
+folder exists: a run that touched Stanza anywhere would fail or leave a mark.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from tests.test_label import smoke_pairs, write_rows
+
+LABEL_TIMEOUT_S = 300
+PAIRS = 12
+BLOCKER = """
+import importlib.abc, sys
+class NoStanza(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "stanza" or name.startswith("stanza."):
+            with open(sys.argv.pop(1), "a") as marks:
+                marks.write(name + "\\n")
+            raise ImportError("stanza is blocked in this test")
+        return None
+sys.meta_path.insert(0, NoStanza())
+from spinn.cli import main
+main()
+"""
+"""Run as `python -c BLOCKER label ...`, with `sys.argv.pop(1)` replaced by the marks file's path."""
+
+
+def _rl_checkpoint(smoke_model, root: Path) -> Path:
+    """A tiny rl model trained for a few steps on the smoke corpus."""
+    from spinn.training.config import TrainConfig
+    from spinn.training.train import train
+
+    config = TrainConfig.build(
+        {
+            "model": {"variant": "rl", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+            "batch_size": 32,
+            "max_steps": 4,
+            "eval_every": 4,
+            "log_every": 2,
+            "device": "cpu",
+            "threads": 1,
+            "experiment": "parser-free-rl",
+        }
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
+        patch.chdir(root)
+        result = train(
+            smoke_model.prepared / "train.parquet",
+            smoke_model.prepared / "dev.parquet",
+            config,
+            output_dir=root / "models",
+            embeddings_dir=root / "embeddings",
+            register=False,
+            progress=False,
+        )
+    return result.best_checkpoint
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["spinn", "rl"])
+def test_auto_labels_spinn_and_rl_on_their_own_trees_without_stanza(smoke_model, tmp_path, variant):
+    checkpoint = smoke_model.checkpoint if variant == "spinn" else _rl_checkpoint(smoke_model, tmp_path)
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, PAIRS))
+    marks, output = tmp_path / "stanza_imports.txt", tmp_path / "out.parquet"
+    env = {key: value for key, value in os.environ.items() if key != "SPINN_STANZA_DIR"}
+    env["STANZA_RESOURCES_DIR"] = str(tmp_path / "no-stanza-models")  # absent: nothing to load from
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
+    command = [sys.executable, "-c", BLOCKER.replace("sys.argv.pop(1)", repr(str(marks)))]
+    command += ["label", str(source), "--model", str(checkpoint), "--output", str(output), "--device", "cpu"]
+    done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert not marks.exists(), f"stanza was imported: {marks.read_text()}"
+    assert not (tmp_path / "no-stanza-models").exists()
+    labelled = pq.read_table(output).to_pylist()
+    assert len(labelled) == PAIRS
+    assert {row["parser"] for row in labelled} == {"model"}
+
+
+def test_auto_resolves_to_the_models_own_trees_only_for_variants_that_predict_them():
+    from types import SimpleNamespace
+
+    from spinn.labeling.labeller import resolve_parser
+    from spinn.model.config import SPINNConfig
+
+    def loaded(variant: str) -> SimpleNamespace:
+        return SimpleNamespace(model=SimpleNamespace(config=SPINNConfig(variant=variant)))
+
+    assert {variant: resolve_parser("auto", loaded(variant)) for variant in ("pi", "pi-nt", "spinn", "rl")} == {
+        "pi": "stanza",
+        "pi-nt": "stanza",
+        "spinn": "model",
+        "rl": "model",
+    }
+    assert resolve_parser("stanza", loaded("spinn")) == "stanza"
