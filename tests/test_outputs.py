@@ -42,6 +42,17 @@ SAME_FILE: dict[str, Case] = {
         "--cache-dir",
         str(d / "v.json"),
     ],
+    "evaluate-onto-its-vocab": lambda d: [
+        "evaluate",
+        "--model",
+        str(d / "m.pt"),
+        "--data",
+        str(d / "s.parquet"),
+        "--vocab",
+        str(d / "v.json"),
+        "--output",
+        str(d / "v.json"),
+    ],
 }
 """Each publishing command told to write over what it reads (or the file that belongs with it)."""
 NOT_A_FILE_NAME: dict[str, Case] = {
@@ -71,9 +82,31 @@ BUSY: dict[str, tuple[Case, Callable[[Path], Path]]] = {
         lambda d: ["embeddings", "--vocab", str(d / "v.json"), "--cache-dir", str(d / "o")],
         lambda d: d / "o",
     ),
+    "evaluate": (
+        lambda d: [
+            "evaluate",
+            "--model",
+            str(d / "m.pt"),
+            "--data",
+            str(d / "s.parquet"),
+            "--output",
+            str(d / "o" / "m.json"),
+        ],
+        lambda d: d / "o" / "m_report.json",
+    ),
 }
 """Each publishing command, and one of its outputs another run is writing."""
-INPUTS = ("x.rejects.jsonl", "x.jsonl", "x.csv", "s.parquet", "s.rejects.jsonl", "snli_1.0.zip", "c.zip", "v.json")
+INPUTS = (
+    "x.rejects.jsonl",
+    "x.jsonl",
+    "x.csv",
+    "s.parquet",
+    "s.rejects.jsonl",
+    "snli_1.0.zip",
+    "c.zip",
+    "v.json",
+    "m.pt",
+)
 
 
 def pairs_parquet() -> bytes:
