@@ -208,11 +208,11 @@ def test_label_refuses_to_write_over_its_model_or_parse_cache(smoke_model, tmp_p
     model = tmp_path / "model.pt"
     shutil.copyfile(smoke_model.checkpoint, model)
     result = spinn("label", str(source), "--model", str(model), "--output", str(model), "--parser", "model")
-    assert result.returncode == 1 and f"{model}: is the model" in one_error_line(result.stderr)
+    assert result.returncode == 1 and f"{model}: is the input" in one_error_line(result.stderr)
     cache = tmp_path / "parses.sqlite"
     cache.write_bytes(b"")
     result = spinn(*label_args(source, smoke_model, str(cache)), "--parse-cache", str(cache))
-    assert result.returncode == 1 and f"{cache}: is the parse cache" in one_error_line(result.stderr)
+    assert result.returncode == 1 and f"{cache}: is the input" in one_error_line(result.stderr)
 
 
 @pytest.mark.parametrize("spelling", ["existing folder", "trailing slash"])

@@ -53,6 +53,14 @@ SAME_FILE: dict[str, Case] = {
         "--output",
         str(d / "v.json"),
     ],
+    "label-into-its-rejects": lambda d: [
+        "label",
+        str(d / "x.rejects.jsonl"),
+        "--model",
+        str(d / "m.pt"),
+        "--output",
+        str(d / "x.parquet"),
+    ],
 }
 """Each publishing command told to write over what it reads (or the file that belongs with it)."""
 NOT_A_FILE_NAME: dict[str, Case] = {
@@ -93,6 +101,10 @@ BUSY: dict[str, tuple[Case, Callable[[Path], Path]]] = {
             str(d / "o" / "m.json"),
         ],
         lambda d: d / "o" / "m_report.json",
+    ),
+    "label": (
+        lambda d: ["label", str(d / "x.jsonl"), "--model", str(d / "m.pt"), "--output", str(d / "o" / "l.parquet")],
+        lambda d: d / "o" / "l.rejects.jsonl",
     ),
 }
 """Each publishing command, and one of its outputs another run is writing."""
