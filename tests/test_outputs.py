@@ -61,6 +61,26 @@ SAME_FILE: dict[str, Case] = {
         "--output",
         str(d / "x.parquet"),
     ],
+    "train-metrics-onto-its-dev": lambda d: [
+        "train",
+        "--train",
+        str(d / "s.parquet"),
+        "--dev",
+        str(d / "train.json"),
+        "--metrics-dir",
+        str(d),
+    ],
+    "train-run-folder-onto-its-vocab": lambda d: [
+        "train",
+        "--train",
+        str(d / "s.parquet"),
+        "--dev",
+        str(d / "s.parquet"),
+        "--vocab",
+        str(d / "last.pt"),
+        "--output-dir",
+        str(d),
+    ],
 }
 """Each publishing command told to write over what it reads (or the file that belongs with it)."""
 NOT_A_FILE_NAME: dict[str, Case] = {
@@ -118,6 +138,8 @@ INPUTS = (
     "c.zip",
     "v.json",
     "m.pt",
+    "train.json",
+    "last.pt",
 )
 
 
