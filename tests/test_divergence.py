@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import dataclasses
+import re
 import shutil
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from spinn.cli import EXIT_USER_ERROR, main
 from spinn.errors import SpinnError
-from spinn.model.checkpoint import load_checkpoint
+from spinn.model.checkpoint import load_checkpoint, save_checkpoint
 from spinn.training.config import TrainConfig
 from spinn.training.divergence import check_loss, check_weights
 from spinn.training.train import train
+from tests.test_label import smoke_pairs, write_rows
 
 DIVERGING = 1e30
 """A learning rate that is finite (so the settings accept it) and sends the weights to NaN in a few steps."""
@@ -63,3 +68,21 @@ def test_a_diverging_run_stops_keeping_only_finite_checkpoints(smoke_model, tmp_
     for checkpoint in output.glob("*.pt"):
         weights = load_checkpoint(checkpoint).model_state
         assert all(tensor.isfinite().all() for tensor in weights.values()), checkpoint
+
+
+def test_label_refuses_to_write_a_probability_that_is_not_finite(smoke_model, tmp_path):
+    saved = load_checkpoint(smoke_model.checkpoint)
+    nan = {
+        name: torch.full_like(tensor, float("nan")) if tensor.is_floating_point() else tensor
+        for name, tensor in saved.model_state.items()
+    }
+    model = save_checkpoint(tmp_path / "nan.pt", dataclasses.replace(saved, model_state=nan))
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 3))
+    output = tmp_path / "labels.parquet"
+    result = CliRunner().invoke(
+        main, ["label", str(source), "--model", str(model), "--output", str(output), "--parser", "model"]
+    )
+    assert result.exit_code == EXIT_USER_ERROR, (result.output, result.exception)
+    line = result.stderr.strip().splitlines()
+    assert len(line) == 1 and re.match(r"error: row \d+: model .*nan\.pt.* gives probabilities that are not", line[0])
+    assert not output.exists()

@@ -20,6 +20,7 @@ from spinn.data.example import Example
 from spinn.data.rejects import Reject
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count
+from spinn.inference.finite import check_probabilities
 from spinn.inference.predict import Predictions, predict
 from spinn.io import atomic_path
 from spinn.labeling.labeller import Labeller
@@ -152,6 +153,7 @@ def _predict(
             on_batch=None if progress is None else progress.labelled,
         )
     result.model_seconds = time.perf_counter() - start
+    check_probabilities(found.probabilities, [pair["row"] for pair in pairs], labeller.model_name)
     return [_output_row(pair, trees[pair["row"]], found, i, labeller) for i, pair in enumerate(pairs)]
 
 
