@@ -30,7 +30,7 @@ from spinn.labeling.progress import LabelProgress
 from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shard import ShardParse, label_shard, start_parse
 from spinn.labeling.shards import ShardPlan, check_output, hold_output, merge_shards, plan_shards, rejects_file
-from spinn.labeling.summary import LabelSummary, ShardResult
+from spinn.labeling.summary import LabelSummary, ShardResult, check_some_labelled
 
 
 def label(
@@ -63,6 +63,7 @@ def label(
         finally:
             labeller.close()
     summary.seconds = time.perf_counter() - started
+    check_some_labelled(summary)
     return summary
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spinn.errors import SpinnError
 from spinn.labeling.settings import PARSER_STANZA
 
 
@@ -93,3 +94,14 @@ class LabelSummary:
         workers = f" ({self.parser_workers} workers)" if self.parser_workers > 1 else ""
         lines.append(f"model {self.model}, parser {self.parser}{workers}")
         return lines
+
+
+def check_some_labelled(summary: LabelSummary) -> None:
+    """A run that labelled no row is a mistake (a wrong file, the wrong columns), as it is for prepare: fail,
+    once its rejects file, which says why, is written."""
+    if summary.labelled == 0:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(summary.reasons.items()))
+        raise SpinnError(
+            f"no row labelled: {summary.rejected} of {summary.rows} rejected ({reasons or 'no rows'}); "
+            f"the reasons are in {summary.rejects}"
+        )
