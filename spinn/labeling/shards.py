@@ -126,7 +126,10 @@ def _write_input_shards(input_path: Path, parts: Path, settings: LabelSettings) 
     pairs: list[InputPair] = []
     rejects: list[dict] = []
     shard = rows = 0
-    for rows, item in enumerate(read_input_pairs(input_path, settings.columns, settings.input_format), start=1):
+    for rows, item in enumerate(
+        read_input_pairs(input_path, settings.columns, settings.input_format, max_tokens=settings.parsing.max_tokens),
+        start=1,
+    ):
         if isinstance(item, InputPair):
             pairs.append(item)
         else:
