@@ -81,6 +81,22 @@ SAME_FILE: dict[str, Case] = {
         "--output-dir",
         str(d),
     ],
+    "trees-onto-its-input": lambda d: [
+        "trees",
+        str(d / "x.jsonl"),
+        "--model",
+        str(d / "m.pt"),
+        "--output",
+        str(d / "x.jsonl"),
+    ],
+    "trees-onto-its-model": lambda d: [
+        "trees",
+        str(d / "x.jsonl"),
+        "--model",
+        str(d / "m.pt"),
+        "--output",
+        str(d / "m.pt"),
+    ],
 }
 """Each publishing command told to write over what it reads (or the file that belongs with it)."""
 NOT_A_FILE_NAME: dict[str, Case] = {
@@ -125,6 +141,10 @@ BUSY: dict[str, tuple[Case, Callable[[Path], Path]]] = {
     "label": (
         lambda d: ["label", str(d / "x.jsonl"), "--model", str(d / "m.pt"), "--output", str(d / "o" / "l.parquet")],
         lambda d: d / "o" / "l.rejects.jsonl",
+    ),
+    "trees": (
+        lambda d: ["trees", str(d / "x.jsonl"), "--model", str(d / "m.pt"), "--output", str(d / "o" / "t.txt")],
+        lambda d: d / "o" / "t.txt",
     ),
 }
 """Each publishing command, and one of its outputs another run is writing."""

@@ -19,7 +19,7 @@ from spinn.data.limits import DEFAULT_MAX_TOKENS
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
 from spinn.errors import SpinnError
 from spinn.inference.predict import predict
-from spinn.io import atomic_path
+from spinn.io import atomic_path, publishing
 from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.settings import Device, Settings
@@ -60,7 +60,21 @@ def induce_trees(
     """Write one tree per sentence (a .txt input: one per line, as given; a pairs file: each distinct
     premise and hypothesis once, in first-seen order, since SNLI-style data repeats a premise for each of
     its hypotheses), and optionally draw the first `html_trees` as an HTML page; returns how many trees
-    were written."""
+    were written. Refused before the model loads when an output is the input or the model, or while another
+    run writes one (spinn.io.publishing)."""
+    written = [Path(output), *([Path(html)] if html is not None else [])]
+    with publishing(written, inputs=[Path(input_path), Path(model_reference)]):
+        return _induce_trees(model_reference, input_path, output, settings, html=html)
+
+
+def _induce_trees(
+    model_reference: str | Path,
+    input_path: Path,
+    output: Path,
+    settings: TreesSettings | None = None,
+    *,
+    html: Path | None = None,
+) -> int:
     settings = settings or TreesSettings()
     loaded = load_model(model_reference, resolve_device(settings.device))
     if not loaded.model.config.predicts_transitions:
