@@ -2,8 +2,8 @@
 locks (spinn.io.publishing), checked over every command that publishes through it.
 
 Each case runs the command in-process on a file holding bytes no stage could write, then checks the one
-`error:` line, exit status 1, and that the input still holds those bytes. label, train and evaluate take the
-same rule after the merge of their split modules (see the issue's note).
+`error:` line, exit status 1, and that the input still holds those bytes. train's run folder is held by its
+own folder lock (lock_folder), so BUSY lists train only through that lock's own tests.
 """
 
 from __future__ import annotations
