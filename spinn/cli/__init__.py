@@ -27,7 +27,7 @@ from importlib import import_module
 
 import click
 
-from spinn.errors import SpinnError, SpinnWarning, advice, one_line, option_name
+from spinn.errors import SpinnError, SpinnWarning, advice, disk_full, one_line, option_name
 
 EXIT_USER_ERROR = 1
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -69,6 +69,12 @@ class _Group(click.Group):
         except SpinnError as error:
             fix = advice(error, option_name)
             click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
+            sys.exit(EXIT_USER_ERROR)
+        except Exception as error:
+            full = disk_full(error)
+            if full is None:
+                raise
+            click.echo(f"error: {full}", err=True)
             sys.exit(EXIT_USER_ERROR)
 
 
