@@ -20,7 +20,7 @@ from spinn.data.download import CORPORA, DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, redact
 from spinn.settings import DEFAULT_PARAMS, Settings
 from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings
@@ -73,6 +73,18 @@ class CorpusRequest(_Request):
     @model_validator(mode="after")
     def _stages_resolve(self) -> CorpusRequest:
         self.stages()
+        return self
+
+    @model_validator(mode="after")
+    def _no_credentials(self) -> CorpusRequest:
+        """Flow parameters are stored in Prefect's database and shown in its UI: a URL's credentials come
+        only from the worker's environment."""
+        url = self.download.model_dump(exclude_none=True).get("url")
+        if url is not None and redact(url) != url:
+            raise ValueError(
+                f"download url {redact(url)}: credentials in a flow parameter are stored in Prefect's database; "
+                "set SPINN_DOWNLOAD_URL in the worker's environment instead"
+            )
         return self
 
     def stages(self) -> CorpusStages:

@@ -7,12 +7,19 @@ line and exits non-zero; anything else is a bug and keeps its traceback. A
 cannot read): the CLI prints it as one `warning: ...` line and goes on.
 """
 
+import errno
 import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
 REDACTED = "***"
+
+
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+"""The errnos of a full disk (or quota)."""
+SQLITE_FULL = "database or disk is full"
+"""What SQLite (the MLflow store) says when its disk is full; MLflow and SQLAlchemy wrap it."""
 
 
 class SpinnError(Exception):
@@ -99,3 +106,17 @@ def misfit_weights(path: object, expected: Mapping[str, Any], saved: Mapping[str
             )
     extra = next((name for name in saved if name not in expected), None)
     return SpinnError(f"{path}: weights do not fit the model config: the checkpoint has {extra}, the model has not")
+
+
+def disk_full(error: BaseException) -> str | None:
+    """One line for a full disk anywhere in `error`'s chain (a checkpoint writer's OSError, the MLflow store's
+    wrapped SQLite error), else None: the CLI's one rule for what no stage translated itself."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in DISK_FULL:
+            return "no space left on the device" + (f" writing {error.filename}" if error.filename else "")
+        if SQLITE_FULL in str(error):
+            return f"no space left on the device of the MLflow store ({SQLITE_FULL})"
+        error = error.__cause__ or error.__context__
+    return None

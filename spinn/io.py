@@ -32,7 +32,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spinn.errors import SpinnError, redact
+from spinn.errors import DISK_FULL, SpinnError, redact
 
 _DEFAULT_MODE = 0o666  # what open() would give a new file, before the umask
 _OWNER_ONLY = 0o600
@@ -52,7 +52,6 @@ Names without the pid and host (written before they were added) match too."""
 JOURNAL_SUFFIX = ".publishing"
 _JOURNAL_NAME = re.compile(r"^\..+\.(?P<pid>\d+)-(?P<host>[0-9a-f]{8})" + re.escape(JOURNAL_SUFFIX) + "$")
 """`.out.parquet.4242-1a2b3c4d.publishing`: the first final name, the writer's pid and host tag."""
-_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 _NOT_WRITABLE = {
     errno.EACCES: "check the folder's permissions",
     errno.EPERM: "check the folder's permissions",
@@ -127,7 +126,7 @@ def write_errors(path: Path, *, while_writing: bool = False) -> Iterator[None]:
     try:
         yield
     except OSError as error:
-        if error.errno in _DISK_FULL:
+        if error.errno in DISK_FULL:
             raise SpinnError(f"no space left on {_device_of(Path(path))} writing {path}") from None
         if not while_writing and error.errno in _NOT_WRITABLE:
             raise SpinnError(f"{path}: cannot write it ({error.strerror}: {_NOT_WRITABLE[error.errno]})") from None

@@ -10,11 +10,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from click.testing import CliRunner
 
+from spinn.cli import main
 from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, max_chars
 from spinn.data.prepare import PrepareSettings, prepare
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
+from spinn.labeling.trees import TEXT_SUFFIX
 
 SHORT = ("A dog runs.", "An animal moves.")
 HUGE = "x" * (max_chars(DEFAULT_MAX_TOKENS) + 1)
@@ -78,3 +81,30 @@ def test_prepare_keeps_the_first_row_of_a_utf8_bom_file(tmp_path):
     summary = prepare(corpus, tmp_path / "out", PrepareSettings(workers=1))
     assert (summary.read, summary.written, summary.rejected_total) == (3, 3, 0)
     assert pq.read_table(summary.output).column("pair_id").to_pylist() == ["0", "1", "2"]
+
+
+NEW_TEXT_COMMANDS = {
+    "label": lambda source, model, out: ["label", source, "--model", model, "--output", str(out), "--parser", "model"],
+    "trees": lambda source, model, out: ["trees", source, "--model", model, "--output", str(out)],
+}
+"""Each command that reads a pairs file with a model (bench-label runs label's own stage)."""
+OUTPUT_SUFFIX = {"label": ".parquet", "trees": TEXT_SUFFIX}
+SMALL_LIMIT = 3
+"""A `--max-tokens` under the default, so only the limit given (not the default's) rejects the long word."""
+SMALL_PAIR = ("A dog.", "Dogs run.")
+
+
+@pytest.mark.parametrize("command", NEW_TEXT_COMMANDS)
+def test_label_and_trees_bound_a_sentence_by_the_token_limit_given(command, smoke_model, tmp_path):
+    long_word = "y" * (max_chars(SMALL_LIMIT) + 1)
+    source = write_pairs(tmp_path / "pairs.csv", [SMALL_PAIR, (long_word, "Short.")])
+    out = tmp_path / f"out{OUTPUT_SUFFIX[command]}"
+    arguments = NEW_TEXT_COMMANDS[command](str(source), str(smoke_model.checkpoint), out)
+    result = CliRunner().invoke(main, [*arguments, "--max-tokens", str(SMALL_LIMIT)])
+    assert result.exit_code == 0, (result.output, result.exception)
+    if command == "trees":  # one tree per distinct sentence of the kept pair: the long word's pair is skipped
+        assert len(out.read_text().splitlines()) == 2 and long_word not in out.read_text()
+        return
+    assert pq.read_table(out).column("premise").to_pylist() == [SMALL_PAIR[0]]
+    (reject,) = [json.loads(line) for line in (tmp_path / "out.rejects.jsonl").read_text().splitlines()]
+    assert reject["reason"] == RejectReason.TOO_LONG and "characters" in json.dumps(reject)

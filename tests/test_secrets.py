@@ -59,3 +59,16 @@ def test_a_lock_file_is_private_and_records_no_credentials(lock, tmp_path, monke
         assert stat.S_IMODE(path.stat().st_mode) == OWNER_ONLY
         command = json.loads(path.read_text())["command"]
     assert command == "spinn download --url https://***@host/x.zip"
+
+
+def test_a_flow_request_refuses_a_url_with_credentials_naming_the_variable(tmp_path):
+    """Flow parameters land in Prefect's database: credentials come from SPINN_DOWNLOAD_URL only."""
+    from pydantic import ValidationError
+
+    from flows.settings import CorpusRequest
+
+    with pytest.raises(ValidationError, match="SPINN_DOWNLOAD_URL") as refused:
+        CorpusRequest(params=None, data_dir=tmp_path, download={"url": "https://user:token@example.org/snli.zip"})
+    assert "token" not in str(refused.value)
+    plain = CorpusRequest(params=None, data_dir=tmp_path, download={"url": "https://example.org/snli.zip"})
+    assert plain.stages().download.url == "https://example.org/snli.zip"

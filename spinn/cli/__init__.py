@@ -28,7 +28,7 @@ from importlib import import_module
 
 import click
 
-from spinn.errors import SpinnError, SpinnWarning, advice, one_line, option_name
+from spinn.errors import SpinnError, SpinnWarning, advice, disk_full, one_line, option_name
 
 DVC_STAGE_VARIABLE = "DVC_STAGE"
 
@@ -73,6 +73,12 @@ class _Group(click.Group):
         except SpinnError as error:
             fix = advice(error, _fix_words())
             click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
+            sys.exit(EXIT_USER_ERROR)
+        except Exception as error:
+            full = disk_full(error)
+            if full is None:
+                raise
+            click.echo(f"error: {full}", err=True)
             sys.exit(EXIT_USER_ERROR)
 
 

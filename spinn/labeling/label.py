@@ -28,13 +28,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from spinn.io import publishing
 from spinn.labeling.drift import dev_label_shares
 from spinn.labeling.labeller import Labeller
 from spinn.labeling.progress import LabelProgress
 from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shard import ShardParse, label_shard, start_parse
-from spinn.labeling.shards import ShardPlan, check_output, hold_output, merge_shards, plan_shards
-from spinn.labeling.summary import LabelSummary, ShardResult
+from spinn.labeling.shards import ShardPlan, check_output, hold_output, merge_shards, plan_shards, rejects_file
+from spinn.labeling.summary import LabelSummary, ShardResult, check_some_labelled
 
 
 def label(
@@ -50,8 +51,9 @@ def label(
     progress: bars on stderr with pairs/s for the parse and model phases."""
     started = time.perf_counter()
     settings = settings or LabelSettings()
-    check_output(output, _files_read(input_path, model_reference, settings))
-    with hold_output(output):
+    reads = _files_read(input_path, model_reference, settings)
+    check_output(output, reads)
+    with publishing((output, rejects_file(output)), inputs=reads.values()), hold_output(output):
         labeller = Labeller(model_reference, settings)
         try:
             plan = plan_shards(input_path, output, settings, labeller.fingerprint())
@@ -67,6 +69,7 @@ def label(
         finally:
             labeller.close()
     summary.seconds = time.perf_counter() - started
+    check_some_labelled(summary)
     return summary
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from spinn.data.example import Example
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count
+from spinn.inference.finite import check_probabilities
 from spinn.inference.predict import Predictions, predict
 from spinn.labeling.labeller import Labeller
 from spinn.labeling.settings import PROBABILITY_COLUMNS
@@ -63,11 +64,15 @@ class Labelled:
 
 
 def label_pairs(
-    labeller: Labeller, pairs: Sequence[SentencePair], on_batch: Callable[[int], None] | None = None
+    labeller: Labeller,
+    pairs: Sequence[SentencePair],
+    on_batch: Callable[[int], None] | None = None,
+    rows: Sequence[int] | None = None,
 ) -> Labelled:
     """The model over parsed pairs, in input order; the batch size and the order of pairs change no number.
 
-    on_batch: told the pair count of each batch (progress)."""
+    on_batch: told the pair count of each batch (progress). rows: the pairs' row numbers in their file, which a
+    refusal names (default: their positions). Probabilities that are not finite are refused, never written."""
     if not pairs:
         return Labelled([], 0, 0, 0.0)
     vocabulary, model = labeller.loaded.vocabulary, labeller.loaded.model
@@ -85,6 +90,7 @@ def label_pairs(
             on_batch=on_batch,
         )
     seconds = time.perf_counter() - start
+    check_probabilities(found.probabilities, rows if rows is not None else range(len(pairs)), labeller.model_name)
     return Labelled([_row(pair, found, i) for i, pair in enumerate(pairs)], tokens, unknown, seconds)
 
 

@@ -113,7 +113,10 @@ def _predict(
 ) -> list[dict]:
     """The shared labelling step over the shard's parsed pairs, each row completed with the pair it labels."""
     labelled = label_pairs(
-        labeller, [trees[pair["row"]] for pair in pairs], None if progress is None else progress.labelled
+        labeller,
+        [trees[pair["row"]] for pair in pairs],
+        None if progress is None else progress.labelled,
+        rows=[pair["row"] for pair in pairs],
     )
     result.tokens, result.unknown_tokens, result.model_seconds = (
         labelled.tokens,

@@ -18,7 +18,6 @@ the shards as tasks on a Dask cluster.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections import Counter
 from collections.abc import Iterator
@@ -127,7 +126,10 @@ def _write_input_shards(input_path: Path, parts: Path, settings: LabelSettings) 
     pairs: list[InputPair] = []
     rejects: list[dict] = []
     shard = rows = 0
-    for rows, item in enumerate(read_input_pairs(input_path, settings.columns, settings.input_format), start=1):
+    for rows, item in enumerate(
+        read_input_pairs(input_path, settings.columns, settings.input_format, max_tokens=settings.parsing.max_tokens),
+        start=1,
+    ):
         if isinstance(item, InputPair):
             pairs.append(item)
         else:
@@ -263,23 +265,16 @@ def rejects_file(output: Path) -> Path:
 
 
 def check_output(output: Path, reads: dict[str, Path]) -> None:
-    """Refuse, before any work, an output that is a folder or that would overwrite a file the run reads
-    (the input, the model, the parse cache): the predictions, the rejects file and the parts folder."""
+    """Refuse, before any work, an output that is a folder or whose parts folder holds a file the run reads
+    (an output that is a file the run reads is spinn.io.publishing's one rule, applied by `label`)."""
     output = Path(output)
     if output.is_dir():
         example = output / "labels.parquet"
         raise SpinnError(f"{output}: names a folder", fix=("output", f"{{}} is the predictions file, e.g. {example}"))
-    written, parts = (output, rejects_file(output)), parts_folder(output).resolve()
+    parts = parts_folder(output).resolve()
     for role, path in reads.items():
-        if any(_same_file(path, target) for target in written) or parts in path.resolve().parents:
+        if parts in path.resolve().parents:
             raise SpinnError(f"{path}: is {role} of this run; writing {output} would destroy it, choose another")
-
-
-def _same_file(read: Path, written: Path) -> bool:
-    """The same path once resolved, or the same file by another name (a hard link)."""
-    if read.resolve() == written.resolve():
-        return True
-    return read.exists() and written.exists() and os.path.samefile(read, written)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from spinn.data.schema import LABELS
+from spinn.errors import SpinnError
 from spinn.labeling.drift import NO_REFERENCE, total_variation
 from spinn.labeling.gold import gold_report
 from spinn.labeling.settings import PARSER_STANZA, PROBABILITY_COLUMNS
@@ -159,3 +160,14 @@ class LabelSummary:
             else f"drift from the model's dev predictions: {drift:.3f} (total variation distance, 0 to 1)"
         )
         return lines
+
+
+def check_some_labelled(summary: LabelSummary) -> None:
+    """A run that labelled no row is a mistake (a wrong file, the wrong columns), as it is for prepare: fail,
+    once its rejects file, which says why, is written."""
+    if summary.labelled == 0:
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(summary.reasons.items()))
+        raise SpinnError(
+            f"no row labelled: {summary.rejected} of {summary.rows} rejected ({reasons or 'no rows'}); "
+            f"the reasons are in {summary.rejects}"
+        )

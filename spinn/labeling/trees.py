@@ -15,10 +15,11 @@ from pathlib import Path
 from pydantic import Field
 
 from spinn.data.example import Example
+from spinn.data.limits import DEFAULT_MAX_TOKENS
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
 from spinn.errors import SpinnError
 from spinn.inference.predict import predict
-from spinn.io import atomic_path
+from spinn.io import atomic_path, publishing
 from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.settings import Device, Settings
@@ -42,6 +43,9 @@ class TreesSettings(Settings):
     """How many trees the HTML page draws."""
     device: Device = "auto"
     """Where the model runs; auto: the GPU when there is one."""
+    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
+    """A pairs file's sentence longer than this many tokens allows in characters is skipped before the
+    tokenizer sees it (spinn/data/limits.py)."""
 
 
 def induce_trees(
@@ -55,12 +59,26 @@ def induce_trees(
     """Write one tree per sentence (a .txt input: one per line, as given; a pairs file: each distinct
     premise and hypothesis once, in first-seen order, since SNLI-style data repeats a premise for each of
     its hypotheses), and optionally draw the first `html_trees` as an HTML page; returns how many trees
-    were written."""
+    were written. Refused before the model loads when an output is the input or the model, or while another
+    run writes one (spinn.io.publishing)."""
+    written = [Path(output), *([Path(html)] if html is not None else [])]
+    with publishing(written, inputs=[Path(input_path), Path(model_reference)]):
+        return _induce_trees(model_reference, input_path, output, settings, html=html)
+
+
+def _induce_trees(
+    model_reference: str | Path,
+    input_path: Path,
+    output: Path,
+    settings: TreesSettings | None = None,
+    *,
+    html: Path | None = None,
+) -> int:
     settings = settings or TreesSettings()
     loaded = load_model(model_reference, resolve_device(settings.device))
     if not loaded.model.config.predicts_transitions:
         raise SpinnError(f"a {loaded.model.config.variant} model does not build its own trees; use spinn or rl")
-    sentences = [tokens for tokens in _sentences(Path(input_path)) if tokens]
+    sentences = [tokens for tokens in _sentences(Path(input_path), settings.max_tokens) if tokens]
     trees = _trees(loaded, sentences, settings.batch_size) if sentences else []
     with atomic_path(Path(output)) as temporary:
         temporary.write_text("".join(tree + "\n" for tree in trees), encoding="utf-8")
@@ -71,13 +89,13 @@ def induce_trees(
     return len(trees)
 
 
-def _sentences(path: Path) -> Iterator[list[str]]:
+def _sentences(path: Path, max_tokens: int) -> Iterator[list[str]]:
     if path.name.endswith(TEXT_SUFFIX):
         for line in path.read_text(encoding="utf-8").splitlines():
             yield tokenize(line)
         return
     seen: set[tuple[str, ...]] = set()
-    for item in read_input_pairs(path):
+    for item in read_input_pairs(path, max_tokens=max_tokens):
         if not isinstance(item, InputPair):
             continue
         for tokens in (tokenize(item.premise), tokenize(item.hypothesis)):

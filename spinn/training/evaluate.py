@@ -26,11 +26,12 @@ from tqdm import tqdm
 from spinn.data.example import Example
 from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
+from spinn.data.split_files import with_partner
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError
 from spinn.inference.predict import Predictions, predict
 from spinn.inference.step import InferStep
-from spinn.io import atomic_path, write_json
+from spinn.io import atomic_path, publishing, write_json
 from spinn.model.checkpoint import Checkpoint, check_vocabulary
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
@@ -150,6 +151,36 @@ class EvaluateSettings(Settings):
 
 
 def evaluate(
+    model_reference: str | Path,
+    data: Path,
+    output: Path,
+    settings: EvaluateSettings | None = None,
+    *,
+    plot: Path | None = None,
+    predictions: Path | None = None,
+    vocab: Path | None = None,
+    progress: bool = False,
+    report_every_s: float | None = None,
+) -> Metrics:
+    """Score a model on a prepared split, holding every file it writes (spinn.io.publishing): refused before
+    the model loads when an output is the split, its partner, the vocabulary or the checkpoint."""
+    written = [Path(output), report_path(Path(output)), *(Path(path) for path in (plot, predictions) if path)]
+    read = [*with_partner(Path(data)), *([Path(vocab)] if vocab else []), Path(model_reference)]
+    with publishing(written, inputs=read):
+        return _evaluate(
+            model_reference,
+            data,
+            output,
+            settings,
+            plot=plot,
+            predictions=predictions,
+            vocab=vocab,
+            progress=progress,
+            report_every_s=report_every_s,
+        )
+
+
+def _evaluate(
     model_reference: str | Path,
     data: Path,
     output: Path,

@@ -20,6 +20,7 @@ from spinn.tracking import links
 from spinn.training import distributed
 from spinn.training.build import TrainingRun
 from spinn.training.checkpoints import save_run
+from spinn.training.divergence import check_loss, check_weights
 from spinn.training.evaluate import score_examples
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT
 from spinn.training.loader import prefetch
@@ -96,6 +97,8 @@ def _after_step(run: TrainingRun, state: TrainState, window: _Window, tracking, 
     config, is_main = run.config, run.topology.is_main
     if state.step % config.log_every == 0 or budget_spent(config, state):
         _log_window(run, state, window, tracking, bar)
+    if state.step % config.eval_every == 0 or state.step % config.checkpoint_every == 0 or budget_spent(config, state):
+        check_weights(run.model, state.step)
     if state.step % config.eval_every == 0:
         stop = evaluate_dev(run, state, tracking) >= config.patience if is_main else None
         state.early_stopped = distributed.broadcast(stop, run.topology)  # rank 0 decides, every rank stops
@@ -114,6 +117,8 @@ def _log_window(run: TrainingRun, state: TrainState, window: _Window, tracking, 
     """Read the device accumulators (the loop's one host sync per interval, summed over the ranks: every rank
     reads) and log them (rank 0)."""
     sums = run.step.metrics.read()
+    if sums["steps"]:
+        check_loss(sums["loss"], state.step)
     if not sums["steps"] or not run.topology.is_main:
         window.restart()
         return

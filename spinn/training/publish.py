@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from spinn.data.vocab import VOCAB_FILENAME
-from spinn.io import atomic_path, write_json
+from spinn.io import atomic_path, publishing, write_json
 from spinn.model.checkpoint import load_checkpoint
 from spinn.tracking.register import SELECTION_METRIC
 from spinn.training import distributed
@@ -190,12 +190,18 @@ def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, P
         "best_step": result.best_step,
         "steps": result.steps,
     }
-    paths = (metrics_dir / TRAIN_METRICS_NAME, metrics_dir / TRAIN_CURVE_NAME, metrics_dir / DEV_CURVE_NAME)
-    write_json(paths[0], summary)
-    history = tracking.metric_history(result.run_id, [*TRAIN_CURVE_KEYS, *DEV_CURVE_KEYS])
-    _write_curve(paths[1], TRAIN_CURVE_KEYS, history)
-    _write_curve(paths[2], [key for key in DEV_CURVE_KEYS if history[key]], history)
+    paths = metrics_files(metrics_dir)
+    with publishing(paths):
+        write_json(paths[0], summary)
+        history = tracking.metric_history(result.run_id, [*TRAIN_CURVE_KEYS, *DEV_CURVE_KEYS])
+        _write_curve(paths[1], TRAIN_CURVE_KEYS, history)
+        _write_curve(paths[2], [key for key in DEV_CURVE_KEYS if history[key]], history)
     return paths
+
+
+def metrics_files(metrics_dir: Path) -> tuple[Path, Path, Path]:
+    """What `write_metrics_files` writes: known before training, so a clash with an input is refused first."""
+    return tuple(Path(metrics_dir) / name for name in (TRAIN_METRICS_NAME, TRAIN_CURVE_NAME, DEV_CURVE_NAME))
 
 
 def _write_curve(path: Path, keys: list[str], history: dict[str, dict[int, float]]) -> None:

@@ -21,8 +21,9 @@ import torch
 from tqdm import tqdm
 
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
+from spinn.data.split_files import with_partner
 from spinn.errors import SpinnError
-from spinn.io import lock_folder
+from spinn.io import check_outputs, lock_folder
 from spinn.settings import usable_cores
 from spinn.training import distributed
 from spinn.training.build import TrainingRun, build_run
@@ -32,6 +33,7 @@ from spinn.training.distributed import Topology
 from spinn.training.folders import (
     LAST_CHECKPOINT,
     MLFLOW_RUN_FACT,
+    RUN_FILES,
     RUNS_DIR,
     check_folder,
     check_resumable,
@@ -93,6 +95,7 @@ def train(
     torch.set_num_threads(config.threads or usable_cores())
     run_name = run_name or default_run_name(config, Path(train_path))
     output_dir = Path(output_dir)
+    check_outputs([output_dir / name for name in RUN_FILES], inputs=training_inputs(train_path, dev_path, vocab_path))
     paths = (Path(train_path), Path(dev_path), config, output_dir, vocab_path, Path(embeddings_dir))
     try:
         if not topology.is_main:
@@ -117,6 +120,11 @@ def train(
         return result
     finally:
         distributed.teardown()
+
+
+def training_inputs(train_path: Path, dev_path: Path, vocab_path: Path | None) -> list[Path]:
+    """Every file training reads, with each split's partner: no file the run writes may be one of them."""
+    return [*with_partner(Path(train_path)), *with_partner(Path(dev_path)), *([Path(vocab_path)] if vocab_path else [])]
 
 
 def _follow(run: TrainingRun, state: TrainState, tracking) -> None:
