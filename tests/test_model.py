@@ -248,7 +248,8 @@ def test_seed_article_reference_gives_the_same_outputs_and_gradients(snli, mixed
 
 
 def test_inference_path_equals_the_autograd_path():
-    """Without autograd the thin stack skips its autograd functions; the numbers must not change."""
+    """Without autograd the thin stack skips its autograd functions and, on the CPU, computes only the rows
+    that are read (thin_stack_infer): the numbers change only by float64 rounding of other GEMM shapes."""
     examples, vocab_size = tiny_examples()
     model = build(SMALL, vocab_size, torch.float64)
     batch = make_batch(examples)
@@ -256,8 +257,8 @@ def test_inference_path_equals_the_autograd_path():
         inferred = model(batch, source=GOLD)
     tracked = model(batch, source=GOLD)
     assert tracked.logits.requires_grad
-    assert torch.equal(inferred.logits, tracked.logits.detach())
-    assert torch.equal(inferred.transition_logits, tracked.transition_logits.detach())
+    assert torch.allclose(inferred.logits, tracked.logits.detach(), rtol=0, atol=1e-12)
+    assert torch.allclose(inferred.transition_logits, tracked.transition_logits.detach(), rtol=0, atol=1e-12)
 
 
 def test_a_plan_refuses_transitions_that_are_not_a_tree():

@@ -49,8 +49,9 @@ tracker 99.2% and 98.8%; with the classifier fp32 as well (SPINN.quantize_int8),
 
 
 def applies(words: Tensor) -> bool:
-    """This loop serves a forward pass without gradients on the CPU (data-dependent shapes: no CUDA graph)."""
-    return not torch.is_grad_enabled() and words.device.type == "cpu"
+    """This loop serves a forward pass without gradients on the CPU (data-dependent shapes: no CUDA graph), in
+    the model's own dtype: under CPU autocast the fused loop, which keeps the cell state fp32, runs instead."""
+    return not torch.is_grad_enabled() and words.device.type == "cpu" and not torch.is_autocast_enabled("cpu")
 
 
 class Linear:
