@@ -325,6 +325,9 @@ def test_streaming_keeps_memory_flat(tmp_path: Path) -> None:
     path = write_big_file(tmp_path / "big.txt")
     size = path.stat().st_size
     vocabulary = vocab(MEMORY_WORDS + ("absent",))
+    small = tmp_path / "small.txt"
+    small.write_text(f"{MEMORY_WORDS[0]} " + " ".join(["0.5"] * MEMORY_DIM) + "\n", encoding="utf-8")
+    load_embeddings(str(small), vocabulary, cache_dir=None, progress=False)  # lazy imports (tqdm's lock) happen here
     tracemalloc.start()
     try:
         matrix, report = load_embeddings(str(path), vocabulary, cache_dir=None, progress=False)
