@@ -76,6 +76,9 @@ def train(
 
     if output_dir is None:
         output_dir = run_folder(RUNS_DIR, config, Path(train_path), Path(dev_path), vocab_path)
+    output_dir = Path(output_dir)
+    # before anything reads the folder's checkpoints: none of the files a run writes may be one it reads
+    check_outputs([output_dir / name for name in RUN_FILES], inputs=training_inputs(train_path, dev_path, vocab_path))
     if resume and overwrite:
         raise SpinnError(
             f"{output_dir}: resume continues the run there and overwrite replaces it",
@@ -94,8 +97,6 @@ def train(
     # none: the cores this process may use (a cgroup quota included), not torch's count of the machine's cores
     torch.set_num_threads(config.threads or usable_cores())
     run_name = run_name or default_run_name(config, Path(train_path))
-    output_dir = Path(output_dir)
-    check_outputs([output_dir / name for name in RUN_FILES], inputs=training_inputs(train_path, dev_path, vocab_path))
     paths = (Path(train_path), Path(dev_path), config, output_dir, vocab_path, Path(embeddings_dir))
     try:
         if not topology.is_main:
