@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import gzip
 import hashlib
 import tracemalloc
@@ -328,6 +329,7 @@ def test_streaming_keeps_memory_flat(tmp_path: Path) -> None:
     small = tmp_path / "small.txt"
     small.write_text(f"{MEMORY_WORDS[0]} " + " ".join(["0.5"] * MEMORY_DIM) + "\n", encoding="utf-8")
     load_embeddings(str(small), vocabulary, cache_dir=None, progress=False)  # lazy imports (tqdm's lock) happen here
+    gc.collect()  # what earlier tests in this worker left is not this reader's
     tracemalloc.start()
     try:
         matrix, report = load_embeddings(str(path), vocabulary, cache_dir=None, progress=False)
@@ -335,4 +337,6 @@ def test_streaming_keeps_memory_flat(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert report.found == len(MEMORY_WORDS) and report.dim == MEMORY_DIM
-    assert peak < size / 8, f"peak {peak} bytes while reading a {size}-byte file"
+    # a reader holding the file, or its lines, needs more than the file's size; streaming stays a small fraction
+    # (about 0.27 MB of this 4.2 MB file alone; up to 0.53 MB seen late in a full xdist worker)
+    assert peak < size / 4, f"peak {peak} bytes while reading a {size}-byte file"

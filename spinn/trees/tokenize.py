@@ -34,8 +34,9 @@ text (Stanza: `tokenize_pretokenized=True`); Stanza's own tokenizer splits `t - 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
+
+import regex as re  # not the standard re: Python 3.11.2's gets these possessive quantifiers wrong (3.11.7's not)
 
 PERIOD = "."
 ELLIPSIS = "..."
