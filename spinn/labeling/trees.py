@@ -63,30 +63,19 @@ def induce_trees(
     run writes one (spinn.io.publishing)."""
     written = [Path(output), *([Path(html)] if html is not None else [])]
     with publishing(written, inputs=[Path(input_path), Path(model_reference)]):
-        return _induce_trees(model_reference, input_path, output, settings, html=html)
-
-
-def _induce_trees(
-    model_reference: str | Path,
-    input_path: Path,
-    output: Path,
-    settings: TreesSettings | None = None,
-    *,
-    html: Path | None = None,
-) -> int:
-    settings = settings or TreesSettings()
-    loaded = load_model(model_reference, resolve_device(settings.device))
-    if not loaded.model.config.predicts_transitions:
-        raise SpinnError(f"a {loaded.model.config.variant} model does not build its own trees; use spinn or rl")
-    sentences = [tokens for tokens in _sentences(Path(input_path), settings.max_tokens) if tokens]
-    trees = _trees(loaded, sentences, settings.batch_size) if sentences else []
-    with atomic_path(Path(output)) as temporary:
-        temporary.write_text("".join(tree + "\n" for tree in trees), encoding="utf-8")
-    if html is not None:
-        render_trees(
-            [parse_binary(tree) for tree in trees[: settings.html_trees]], html, title=f"Trees of {model_reference}"
-        )
-    return len(trees)
+        settings = settings or TreesSettings()
+        loaded = load_model(model_reference, resolve_device(settings.device))
+        if not loaded.model.config.predicts_transitions:
+            raise SpinnError(f"a {loaded.model.config.variant} model does not build its own trees; use spinn or rl")
+        sentences = [tokens for tokens in _sentences(Path(input_path), settings.max_tokens) if tokens]
+        trees = _trees(loaded, sentences, settings.batch_size) if sentences else []
+        with atomic_path(Path(output)) as temporary:
+            temporary.write_text("".join(tree + "\n" for tree in trees), encoding="utf-8")
+        if html is not None:
+            render_trees(
+                [parse_binary(tree) for tree in trees[: settings.html_trees]], html, title=f"Trees of {model_reference}"
+            )
+        return len(trees)
 
 
 def _sentences(path: Path, max_tokens: int) -> Iterator[list[str]]:

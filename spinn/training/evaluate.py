@@ -162,72 +162,48 @@ def evaluate(
     progress: bool = False,
     report_every_s: float | None = None,
 ) -> Metrics:
-    """Score a model on a prepared split, holding every file it writes (spinn.io.publishing): refused before
-    the model loads when an output is the split, its partner, the vocabulary or the checkpoint."""
+    """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV).
+
+    Holds every file it writes (spinn.io.publishing): refused before the model loads when an output is the
+    split, its partner, the vocabulary or the checkpoint. `report_every_s`: also print a progress line with an
+    ETA that often (a flow's logs)."""
     written = [Path(output), report_path(Path(output)), *(Path(path) for path in (plot, predictions) if path)]
     read = [*with_partner(Path(data)), *([Path(vocab)] if vocab else []), Path(model_reference)]
     with publishing(written, inputs=read):
-        return _evaluate(
-            model_reference,
-            data,
-            output,
-            settings,
-            plot=plot,
-            predictions=predictions,
-            vocab=vocab,
+        settings = settings or EvaluateSettings()
+        loaded = load_model(model_reference, resolve_device(settings.device))
+        if vocab is not None:
+            check_vocabulary(loaded.saved, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
+        source = transition_source(settings.transitions, loaded.model.config)
+        examples = read_examples(data, loaded.vocabulary)
+        found = predict_examples(
+            loaded.model,
+            examples,
+            next(loaded.model.parameters()).device,
+            source=source,
+            batch_size=settings.batch_size,
             progress=progress,
             report_every_s=report_every_s,
         )
-
-
-def _evaluate(
-    model_reference: str | Path,
-    data: Path,
-    output: Path,
-    settings: EvaluateSettings | None = None,
-    *,
-    plot: Path | None = None,
-    predictions: Path | None = None,
-    vocab: Path | None = None,
-    progress: bool = False,
-    report_every_s: float | None = None,
-) -> Metrics:
-    """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV).
-    `report_every_s`: also print a progress line with an ETA that often (a flow's logs)."""
-    settings = settings or EvaluateSettings()
-    loaded = load_model(model_reference, resolve_device(settings.device))
-    if vocab is not None:
-        check_vocabulary(loaded.saved, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
-    source = transition_source(settings.transitions, loaded.model.config)
-    examples = read_examples(data, loaded.vocabulary)
-    found = predict_examples(
-        loaded.model,
-        examples,
-        next(loaded.model.parameters()).device,
-        source=source,
-        batch_size=settings.batch_size,
-        progress=progress,
-        report_every_s=report_every_s,
-    )
-    tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
-    metrics = replace(found.metrics(), oov_share=unknown / tokens if tokens else None)
-    warn_if_mostly_unknown(data, metrics.oov_share)
-    provenance = {
-        "model": str(model_reference),
-        "data": str(data),
-        "variant": loaded.model.config.variant,
-        "transitions": "predicted" if source is TransitionSource.GREEDY else "gold",
-    }
-    write_json(Path(output), metrics.summary())
-    write_json(report_path(Path(output)), {**metrics.to_json(), **provenance})
-    if plot is not None:
-        plot_confusion(metrics, plot, title=f"{loaded.model.config.variant} on {Path(data).name}")
-    if predictions is not None:
-        write_predictions(found, Path(predictions))
-    if settings.track:
-        files = [Path(output), report_path(Path(output)), *([Path(plot)] if plot is not None else [])]
-        _log_to_training_run(loaded.saved, loaded.checkpoint, split_name(Path(data)), metrics, files)
-    return metrics
+        tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
+        metrics = replace(found.metrics(), oov_share=unknown / tokens if tokens else None)
+        warn_if_mostly_unknown(data, metrics.oov_share)
+        provenance = {
+            "model": str(model_reference),
+            "data": str(data),
+            "variant": loaded.model.config.variant,
+            "transitions": "predicted" if source is TransitionSource.GREEDY else "gold",
+        }
+        write_json(Path(output), metrics.summary())
+        write_json(report_path(Path(output)), {**metrics.to_json(), **provenance})
+        if plot is not None:
+            plot_confusion(metrics, plot, title=f"{loaded.model.config.variant} on {Path(data).name}")
+        if predictions is not None:
+            write_predictions(found, Path(predictions))
+        if settings.track:
+            files = [Path(output), report_path(Path(output)), *([Path(plot)] if plot is not None else [])]
+            _log_to_training_run(loaded.saved, loaded.checkpoint, split_name(Path(data)), metrics, files)
+        return metrics
 
 
 def report_path(output: Path) -> Path:
