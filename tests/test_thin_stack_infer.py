@@ -8,32 +8,19 @@ transition source it can run, on real SNLI dev pairs of mixed lengths.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
 from spinn.model import thin_stack_infer
-from spinn.model.batch import Batch, make_batch
-from spinn.model.config import TREE_VARIANTS, SPINNConfig, TransitionSource
+from spinn.model.batch import Batch
+from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.policy import draw_uniforms
 from spinn.model.spinn import SPINN, SPINNOutput, random_vectors
-
-PAIRS = 24
-TOLERANCE = 1e-10
-TINY = {"d_embed": 8, "d_hidden": 6, "d_tracker": 5, "mlp_layers": 1, "mlp_dim": 10, "use_batch_norm": True}
-CASES = [(variant, source) for variant in TREE_VARIANTS for source in SPINNConfig(variant=variant, **TINY).sources]
+from tests.test_spec import CASES, TINY, TOLERANCE
+from tests.test_spec import dev as dev  # the same real dev batch, built the same way
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def dev(snli_dev: Path) -> tuple[Batch, int]:
-    pairs = read_raw_pairs(snli_dev)[:PAIRS]
-    vocabulary = corpus_vocabulary(pairs)
-    return make_batch(encode_pairs(pairs, vocabulary)), len(vocabulary)
 
 
 def run(model: SPINN, batch: Batch, source: TransitionSource, *, grad: bool) -> SPINNOutput:
