@@ -296,3 +296,37 @@ def smoke_store(smoke_model, tmp_path, monkeypatch) -> str:
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.chdir(tmp_path)
     return uri
+
+
+@pytest.fixture(scope="module")
+def rl_checkpoint(smoke_model, tmp_path_factory, migrated_store) -> Path:
+    """A tiny rl model trained a few steps on the smoke splits: it labels on the trees it builds itself."""
+    from spinn.training.config import TrainConfig
+    from spinn.training.train import train
+
+    root = tmp_path_factory.mktemp("rl-model")
+    config = TrainConfig.build(
+        {
+            "model": {"variant": "rl", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+            "batch_size": 32,
+            "max_steps": 6,
+            "eval_every": 6,
+            "log_every": 3,
+            "device": "cpu",
+            "threads": 1,
+            "experiment": "rl-model",
+        }
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("MLFLOW_TRACKING_URI", copy_store(migrated_store, root / "mlflow.db"))
+        patch.chdir(root)
+        result = train(
+            smoke_model.prepared / "train.parquet",
+            smoke_model.prepared / "dev.parquet",
+            config,
+            output_dir=root / "models",
+            embeddings_dir=root / "embeddings",
+            register=False,
+            progress=False,
+        )
+    return result.best_checkpoint

@@ -8,7 +8,6 @@ leaves its predictions, an index entry, a Prefect artifact row and an MLflow run
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -16,46 +15,11 @@ import pytest
 from flows.label_pairs import DONE, FAILED, LabelRequest, read_index
 from spinn.data.schema import LABELS
 from spinn.labeling.track import LABELING_EXPERIMENT
-from tests.conftest import copy_store
 from tests.test_label import smoke_pairs, stanza_dir, write_rows
 
 pytestmark = pytest.mark.slow
 
 SHARD_SIZE = 20
-
-
-@pytest.fixture(scope="module")
-def rl_checkpoint(smoke_model, tmp_path_factory, migrated_store) -> Path:
-    """A tiny rl model: with parser `auto` it labels on the trees it samples itself, no Stanza."""
-    from spinn.training.config import TrainConfig
-    from spinn.training.train import train
-
-    root = tmp_path_factory.mktemp("rl-model")
-    config = TrainConfig.build(
-        {
-            "model": {"variant": "rl", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
-            "batch_size": 32,
-            "max_steps": 6,
-            "eval_every": 6,
-            "log_every": 3,
-            "device": "cpu",
-            "threads": 1,
-            "experiment": "label-flow-rl",
-        }
-    )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", copy_store(migrated_store, root / "mlflow.db"))
-        patch.chdir(root)
-        result = train(
-            smoke_model.prepared / "train.parquet",
-            smoke_model.prepared / "dev.parquet",
-            config,
-            output_dir=root / "models",
-            embeddings_dir=root / "embeddings",
-            register=False,
-            progress=False,
-        )
-    return result.best_checkpoint
 
 
 @pytest.fixture

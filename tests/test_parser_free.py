@@ -35,42 +35,10 @@ main()
 """Run as `python -c BLOCKER label ...`, with `sys.argv.pop(1)` replaced by the marks file's path."""
 
 
-def _rl_checkpoint(smoke_model, root: Path) -> Path:
-    """A tiny rl model trained for a few steps on the smoke corpus."""
-    from spinn.training.config import TrainConfig
-    from spinn.training.train import train
-
-    config = TrainConfig.build(
-        {
-            "model": {"variant": "rl", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
-            "batch_size": 32,
-            "max_steps": 4,
-            "eval_every": 4,
-            "log_every": 2,
-            "device": "cpu",
-            "threads": 1,
-            "experiment": "parser-free-rl",
-        }
-    )
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{root / 'mlflow.db'}")
-        patch.chdir(root)
-        result = train(
-            smoke_model.prepared / "train.parquet",
-            smoke_model.prepared / "dev.parquet",
-            config,
-            output_dir=root / "models",
-            embeddings_dir=root / "embeddings",
-            register=False,
-            progress=False,
-        )
-    return result.best_checkpoint
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("variant", ["spinn", "rl"])
-def test_auto_labels_spinn_and_rl_on_their_own_trees_without_stanza(smoke_model, tmp_path, variant):
-    checkpoint = smoke_model.checkpoint if variant == "spinn" else _rl_checkpoint(smoke_model, tmp_path)
+def test_auto_labels_spinn_and_rl_on_their_own_trees_without_stanza(smoke_model, request, tmp_path, variant):
+    checkpoint = smoke_model.checkpoint if variant == "spinn" else request.getfixturevalue("rl_checkpoint")
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, PAIRS))
     marks, output = tmp_path / "stanza_imports.txt", tmp_path / "out.parquet"
     env = {key: value for key, value in os.environ.items() if key != "SPINN_STANZA_DIR"}
