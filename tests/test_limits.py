@@ -18,6 +18,7 @@ from spinn.data.prepare import PrepareSettings, prepare
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
 from spinn.labeling.trees import TEXT_SUFFIX
+from tests.test_errors import snli_line
 
 SHORT = ("A dog runs.", "An animal moves.")
 HUGE = "x" * (max_chars(DEFAULT_MAX_TOKENS) + 1)
@@ -51,20 +52,9 @@ def test_every_pairs_reader_rejects_a_too_long_sentence_by_characters(suffix, tm
     assert reject.line == FIRST_DATA_LINE[suffix] + 1
 
 
-def snli_record(pair_id: str) -> dict:
-    return {
-        "gold_label": "entailment",
-        "pairID": pair_id,
-        "sentence1": "A dog runs.",
-        "sentence1_binary_parse": "( ( A dog ) ( runs . ) )",
-        "sentence2": "Animals move.",
-        "sentence2_binary_parse": "( Animals ( move . ) )",
-    }
-
-
 @pytest.mark.parametrize("huge_field", ["sentence1", "sentence1_binary_parse"])
 def test_prepare_rejects_a_too_long_sentence_or_parse_before_reading_its_tree(huge_field, tmp_path):
-    records = [snli_record(str(i)) for i in range(300)]
+    records = [json.loads(snli_line(str(i))) for i in range(300)]
     records[1][huge_field] = HUGE_PARSE if huge_field.endswith("_parse") else HUGE
     corpus = tmp_path / "dev.jsonl"
     corpus.write_text("".join(json.dumps(record) + "\n" for record in records))
@@ -76,7 +66,7 @@ def test_prepare_rejects_a_too_long_sentence_or_parse_before_reading_its_tree(hu
 
 def test_prepare_keeps_the_first_row_of_a_utf8_bom_file(tmp_path):
     corpus = tmp_path / "dev.jsonl"
-    lines = [json.dumps(snli_record(str(i))) for i in range(3)]
+    lines = [snli_line(str(i)) for i in range(3)]
     corpus.write_bytes(b"\xef\xbb\xbf" + "\n".join(lines).encode() + b"\n")
     summary = prepare(corpus, tmp_path / "out", PrepareSettings(workers=1))
     assert (summary.read, summary.written, summary.rejected_total) == (3, 3, 0)
