@@ -38,6 +38,7 @@ from spinn.tracking.register import (
     MODEL_OUTPUTS,
     SELECTION_METRIC,
 )
+from tests.test_release_files import register_as_release_0_1_0
 
 RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
 MLFLOW = Path(sys.executable).with_name("mlflow")
@@ -230,24 +231,10 @@ def test_mlflow_models_serve_answers_invocations(smoke_model, store, pairs, tmp_
 
 
 @pytest.fixture
-def release_store(tmp_path, monkeypatch) -> str:
+def release_store(mlflow_store) -> str:
     """A store where release 0.1.0 registered its model as it did: the run's `model/` folder, @champion, tagged."""
-    import mlflow
-
-    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
-    monkeypatch.chdir(tmp_path)
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("release-0.1.0")
-    with mlflow.start_run() as run:
-        for name in ("checkpoint.pt", "vocab.json", "config.json"):
-            mlflow.log_artifact(str(RELEASE / name), artifact_path="model")
-    client = mlflow.MlflowClient()
-    client.create_registered_model("spinn")
-    version = client.create_model_version(
-        "spinn", f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags=OLD_TAGS, description="spinn, old"
-    )
-    client.set_registered_model_alias("spinn", "champion", version.version)
+    uri = f"sqlite:///{mlflow_store}"
+    register_as_release_0_1_0(uri, tags=OLD_TAGS, description="spinn, old")
     return uri
 
 
