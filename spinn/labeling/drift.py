@@ -10,10 +10,8 @@ the total variation distance, 0 for the same shares, 1 for disjoint ones.
 
 from __future__ import annotations
 
-from spinn.model.checkpoint import Checkpoint
+from spinn.model.checkpoint import DEV_SHARES_KEY, Checkpoint
 
-DEV_SHARES_KEY = "predicted_shares"
-"""Where a checkpoint's dev scores keep the share of each label the model predicted."""
 NO_REFERENCE = (
     "drift not measured: the model's checkpoint keeps no dev label shares (a last.pt, or a model trained "
     "before they were recorded)"

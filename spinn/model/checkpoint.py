@@ -26,6 +26,10 @@ CHECKPOINT_VERSION = 1
 REQUIRED_FIELDS = ("model_state", "model_config", "vocab", "step")
 """The fields without a default: what loading a model needs."""
 
+DEV_SHARES_KEY = "predicted_shares"
+"""The key of `Checkpoint.metrics` that keeps the share of each label the model predicted on dev (labelling
+runs measure drift against it); training writes it, labelling reads it."""
+
 
 @dataclass(frozen=True)
 class Checkpoint:

@@ -15,6 +15,7 @@ import numpy as np
 
 from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
+from spinn.model.checkpoint import DEV_SHARES_KEY
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,7 @@ class Metrics:
         confusion matrix (the report file, and the dev scores a checkpoint keeps)."""
         result = self.summary()
         result["per_class"] = {name: vars(score) for name, score in self.per_class().items()}
-        result["predicted_shares"] = self.predicted_shares
+        result[DEV_SHARES_KEY] = self.predicted_shares
         result["confusion_matrix"] = {"labels": list(self.classes), "counts": [list(row) for row in self.confusion]}
         return result
 
