@@ -34,7 +34,6 @@ from spinn.model.batch import WIDTH_STEP, Batch, make_batch
 TIMEOUT = timedelta(minutes=10)
 """How long a rank waits for the others at a collective before the job fails instead of hanging."""
 MAIN_RANK = 0
-RUN_ENVIRONMENT = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
 
 
 @dataclass(frozen=True)
@@ -180,7 +179,3 @@ def launch(processes: int, arguments: Sequence[str]) -> None:
     finished = subprocess.run(command, env=environment, check=False)
     if finished.returncode != 0:
         raise SpinnError(f"distributed training on {processes} processes failed (torchrun exit {finished.returncode})")
-
-
-def under_torchrun() -> bool:
-    return all(name in os.environ for name in RUN_ENVIRONMENT)
