@@ -412,7 +412,7 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
     with tempfile.TemporaryDirectory(prefix="spinn-bench-label-") as folder:
         summary = label(Path(input_path), model, Path(folder) / "labels.parquet", settings)
     parsing = decided(settings.parsing).replace(workers=summary.parser_workers)  # what ran, auto decided
-    used = settings.replace(parsing=parsing.to_dict())
+    used = settings.replace(parsing=parsing.to_dict(), threads=summary.model_threads)
     return {
         "parse_pairs_per_second": summary.parse_pairs_per_second,
         "model_pairs_per_second": summary.model_pairs_per_second,

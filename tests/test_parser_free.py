@@ -17,6 +17,8 @@ import pytest
 
 from tests.test_label import smoke_pairs, write_rows
 
+ROOT = Path(__file__).resolve().parents[1]
+RELEASE = ROOT / "tests" / "fixtures" / "release-0.1.0"
 LABEL_TIMEOUT_S = 300
 PAIRS = 12
 BLOCKER = """
@@ -71,3 +73,41 @@ def test_auto_resolves_to_the_models_own_trees_only_for_variants_that_predict_th
         "rl": "model",
     }
     assert resolve_parser("stanza", loaded("spinn")) == "stanza"
+
+
+@pytest.mark.parametrize(
+    ("threads", "sharing", "cores", "expected"),
+    [
+        ("auto", 1, 2, 2),  # the model's own trees: nothing else works on the cores
+        ("auto", 3, 2, 1),  # two parser workers beside the model
+        ("auto", 2, 8, 4),  # a cluster's two workers split eight cores
+        ("auto", 1, 1, 1),  # an affinity or quota of one core
+        (3, 5, 2, 3),  # as given
+    ],
+)
+def test_model_threads_split_the_usable_cores_among_the_processes_sharing_them(
+    monkeypatch, threads, sharing, cores, expected
+):
+    from spinn.labeling import settings
+
+    monkeypatch.setattr(settings, "usable_cores", lambda: cores)
+    assert settings.model_threads(threads, sharing) == expected
+
+
+def test_label_runs_on_the_cores_this_process_may_use(tmp_path):
+    """Under an affinity of one CPU the auto thread count is one, whatever the machine's core count: a child
+    process pinned to CPU 0 labels and reports the threads its model ran with."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    output = tmp_path / "labels.parquet"
+    code = (
+        "import os, sys; os.sched_setaffinity(0, {0});"
+        "from spinn.labeling.label import label; from spinn.labeling.settings import LabelSettings;"
+        f"s = label({str(RELEASE / 'pairs.parquet')!r}, {str(RELEASE / 'checkpoint.pt')!r}, {str(output)!r},"
+        " LabelSettings(parser='model', device='cpu'));"
+        "print(s.model_threads)"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, timeout=LABEL_TIMEOUT_S
+    )
+    assert found.stdout.split()[-1] == "1"

@@ -65,6 +65,7 @@ def label(
                     bars.close()
             summary = merge_shards(plan, results, labeller.model_name, labeller.parser_name)
             summary.parser_workers = labeller.parser.workers
+            summary.model_threads = labeller.threads
             summary.dev_shares = dev_label_shares(labeller.loaded.saved)
         finally:
             labeller.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 from spinn.errors import SpinnError
 from spinn.inference.step import InferStep
 from spinn.io import file_digest
-from spinn.labeling.settings import PARSER_AUTO, PARSER_MODEL, PARSER_STANZA, LabelSettings
+from spinn.labeling.settings import PARSER_AUTO, PARSER_MODEL, PARSER_STANZA, LabelSettings, model_threads
 from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.parsing.parse import TokenOnly
@@ -43,6 +43,9 @@ class Labeller:
             if self.parser_name == PARSER_STANZA
             else TokenOnly(settings.parsing.max_tokens)
         )
+        # Parser worker processes parse the next shard while the model labels this one: they share the cores.
+        parsing_alongside = self.parser.workers if self.parser.workers > 1 else 0
+        self.threads = model_threads(settings.threads, 1 + parsing_alongside)
 
     @cached_property
     def checkpoint_sha256(self) -> str:

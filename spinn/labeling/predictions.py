@@ -79,7 +79,7 @@ def label_pairs(
     examples = [_example(pair, vocabulary) for pair in pairs]
     tokens, unknown = unknown_count(ids for e in examples for ids in (e.premise, e.hypothesis))
     start = time.perf_counter()
-    with torch_threads(labeller.settings.threads):
+    with torch_threads(labeller.threads):
         found = predict(
             model,
             examples,

@@ -72,6 +72,8 @@ class LabelSummary:
     """The whole run, wall clock: loading the model and the parser included."""
     parser_workers: int = 1
     """Parser processes the run used (the parser settings' workers, auto decided)."""
+    model_threads: int = 1
+    """torch threads the model ran with on the CPU (the settings' threads, auto decided)."""
     input: Path | None = None
     input_sha256: str = ""
     predicted: PredictionCounts = field(default_factory=PredictionCounts)
@@ -144,7 +146,7 @@ class LabelSummary:
         lines += self._prediction_lines()
         lines += gold_report(self.output)
         workers = f" ({self.parser_workers} workers)" if self.parser_workers > 1 else ""
-        lines.append(f"model {self.model}, parser {self.parser}{workers}")
+        lines.append(f"model {self.model} ({self.model_threads} threads), parser {self.parser}{workers}")
         return lines
 
     def _prediction_lines(self) -> list[str]:

@@ -93,6 +93,7 @@ def _params(summary: LabelSummary, settings: LabelSettings, version: dict[str, s
         "model": summary.model,
         "parser": summary.parser,
         "parser_workers": summary.parser_workers,
+        "model_threads": summary.model_threads,
         "input": summary.input.name if summary.input else "",
         "input_path": str(summary.input.absolute()) if summary.input else "",
         "input_sha256": summary.input_sha256,
