@@ -135,6 +135,31 @@ def test_embedding_matrix_shape_is_checked():
         SPINN(PRESETS["tiny"], torch.zeros(10, PRESETS["tiny"].d_embed + 1))
 
 
+def test_evaluation_folds_batch_norm_into_the_word_projection():
+    """In eval mode the word projection and its batch norm are one GEMM: the same (W, 2D) as normalizing the
+    projection with the running statistics, which training moved away from 0 and 1."""
+    torch.manual_seed(0)
+    model = SPINN(SMALL, random_vectors(30, SMALL.d_embed)).double()
+    embedding = model.embedding
+    tokens = torch.randint(0, 30, (40,))
+    for _ in range(3):  # training moves the running statistics and the affine parameters off their start
+        embedding(tokens).sum().backward()
+        with torch.no_grad():
+            for parameter in (embedding.norm.weight, embedding.norm.bias, embedding.project.bias):
+                parameter.add_(torch.randn_like(parameter))
+    embedding.eval()
+    expected = torch.nn.functional.batch_norm(
+        embedding.project(embedding.vectors(tokens)),
+        embedding.norm.running_mean,
+        embedding.norm.running_var,
+        embedding.norm.weight,
+        embedding.norm.bias,
+        eps=embedding.norm.eps,
+    )  # (40, 2D)
+    assert not torch.allclose(expected, embedding.project(embedding.vectors(tokens)))
+    torch.testing.assert_close(embedding(tokens), expected, rtol=1e-12, atol=1e-12)
+
+
 def test_only_spinn_predicts_transitions():
     examples, vocab_size = tiny_examples()
     model = build(PRESETS["tiny"].replace(variant="pi"), vocab_size)
