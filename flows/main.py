@@ -14,12 +14,13 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 import click
 
 from spinn.data.download import DOWNLOAD_VARIABLES, DownloadSettings
 from spinn.options import field_options, given
-from spinn.settings import DEFAULT_PARAMS, deep_merge, nest, overrides_from
+from spinn.settings import DEFAULT_PARAMS, Layer, deep_merge, describe, nest, set_layer
 
 EPHEMERAL_STARTUP_TIMEOUT_S = "120"
 """Prefect's temporary server takes 10-20 s to start on two cores; its 20 s default is too tight."""
@@ -84,12 +85,10 @@ def main(
     **options: object,
 ) -> None:
     """Download, prepare, train, evaluate and register SPINN as one Prefect flow run."""
+    from spinn.errors import SpinnError
+
     for name, value in QUIET_AND_OFFLINE.items():
         os.environ.setdefault(name, value)
-    from pydantic import ValidationError
-
-    from flows.settings import CorpusRequest, TrainRequest
-
     data_dir = data_dir or (SMOKE_DATA_DIR if smoke else Path("data"))
     download = given(DownloadSettings, options)
     if smoke and not {"url", "file"} & set(download):  # the synthetic corpus, whatever SPINN_DOWNLOAD_* say
@@ -98,18 +97,63 @@ def main(
         download["file"], download["checksum"] = _smoke_archive(data_dir)
     params = config_path if config_path.is_file() else None
     try:
-        training_settings = deep_merge(nest(SMOKE_OVERRIDES.items()) if smoke else {}, _parse_overrides(overrides))
-        corpus = CorpusRequest(params=params, data_dir=data_dir, download=download)
-        training = TrainRequest(params=params, settings=training_settings, resume=resume, overwrite=overwrite)
-    except ValidationError as error:
-        raise click.UsageError(_first_error(error)) from None
-    _run(corpus, training, debug)
+        training = [*([Layer(nest(SMOKE_OVERRIDES.items()), _smoke_key)] if smoke else []), set_layer(overrides)]
+        requests = _requests(params, data_dir, download, training, resume=resume, overwrite=overwrite)
+    except SpinnError as error:
+        _fail(error, debug)
+    _run(*requests, debug)
+
+
+def _requests(params: Path | None, data_dir: Path, download: dict, training: list[Layer], **run: bool):
+    """The flow's two requests. Their settings are resolved first as `spinn train` resolves its own, so a
+    mistake is one line naming where it was written (params.yaml and its key, `--set KEY`, the option) in
+    the words every command uses; the requests resolve the same settings again as the flow's parameters."""
+    from pydantic import ValidationError
+
+    from flows.settings import CorpusRequest, TrainRequest
+    from spinn.data.embeddings import EmbeddingSettings
+    from spinn.data.prepare import PrepareSettings
+    from spinn.data.vocab import VocabSettings
+    from spinn.errors import SpinnError
+    from spinn.options import resolve
+    from spinn.training.config import TrainConfig
+
+    resolve(DownloadSettings, params, download)
+    for stage in (PrepareSettings, VocabSettings, EmbeddingSettings):
+        resolve(stage, params)
+    resolve(TrainConfig, params, *training)
+    settings: dict[str, object] = {}
+    for layer in training:
+        settings = deep_merge(settings, layer.values)
+    try:
+        return (
+            CorpusRequest(params=params, data_dir=data_dir, download=download),
+            TrainRequest(params=params, settings=settings, **run),
+        )
+    except ValidationError as error:  # what only a request checks (credentials in a URL): said the same way
+        raise SpinnError("; ".join(message for _, message in describe(error))) from None
+
+
+def _smoke_key(key: str) -> str:
+    return f"--smoke's {key}"
+
+
+def _fail(error: BaseException, debug: bool) -> NoReturn:
+    """The one `error: ...` line and exit status 1, as `spinn` prints a SpinnError; `--debug` raises it."""
+    from spinn.cli import EXIT_USER_ERROR
+    from spinn.errors import advice, one_line, option_name
+
+    if debug:
+        raise error
+    fix = advice(error, option_name)
+    click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
+    sys.exit(EXIT_USER_ERROR)
 
 
 def _run(corpus, training, debug: bool) -> None:
     from flows.artifacts import describe_registration
     from flows.train_spinn import train_spinn
-    from spinn.errors import SpinnError, advice, one_line, option_name
+    from spinn.errors import SpinnError
     from spinn.tracking.links import ui_hint
 
     if not debug:
@@ -117,11 +161,7 @@ def _run(corpus, training, debug: bool) -> None:
     try:
         result = train_spinn(corpus, training)
     except SpinnError as error:
-        if debug:
-            raise
-        fix = advice(error, option_name)
-        click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
-        sys.exit(1)
+        _fail(error, debug)
     click.echo(f"MLflow run {result.run_id} (experiment {result.experiment_id}) in {result.tracking_uri}")
     click.echo(f"  {ui_hint(result.experiment_id, result.run_id)}")
     click.echo(
@@ -160,21 +200,6 @@ def _smoke_archive(data_dir: Path) -> tuple[Path, str]:
 
     archive = write_smoke_corpus(data_dir / "source" / SMOKE_ARCHIVE)
     return archive, f"sha256:{file_digest(archive, 'sha256')}"
-
-
-def _parse_overrides(overrides: tuple[str, ...]) -> dict[str, object]:
-    from spinn.errors import SpinnError
-
-    try:
-        return overrides_from(overrides)
-    except SpinnError as error:
-        raise click.UsageError(f"--set: {error}") from None
-
-
-def _first_error(error) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"])
-    return f"{where}: {first['msg']}" if where else first["msg"]
 
 
 if __name__ == "__main__":

@@ -21,7 +21,7 @@ from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
 from spinn.errors import SpinnError, redact
-from spinn.settings import DEFAULT_PARAMS, Settings
+from spinn.settings import DEFAULT_PARAMS, Layer, Settings
 from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings
 
@@ -40,13 +40,14 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
 
 
-def _resolved(model: type[Settings], params: Path | None, overrides: BaseModel) -> Any:
-    """The stage's settings from the params file and the overrides; problems as the ValueError pydantic
-    reports, so Prefect refuses the run before it starts."""
+def _resolved(model: type[Settings], params: Path | None, overrides: BaseModel, field: str) -> Any:
+    """The stage's settings from the params file and the overrides (the request's `field`, by which a bad
+    value is named); problems as the ValueError pydantic reports, so Prefect refuses the run before it starts."""
     if params is not None and not Path(params).is_file():
         raise ValueError(f"params {params}: no such file (run from the project folder, or set params to null)")
+    given = Layer(overrides.model_dump(exclude_none=True), lambda key: f"{field}.{key}")
     try:
-        return model.from_params(params, overrides.model_dump(exclude_none=True))
+        return model.from_params(params, given)
     except SpinnError as error:
         raise ValueError(str(error)) from None
 
@@ -89,10 +90,10 @@ class CorpusRequest(_Request):
 
     def stages(self) -> CorpusStages:
         return CorpusStages(
-            _resolved(DownloadSettings, self.params, self.download),
-            _resolved(PrepareSettings, self.params, self.prepare),
-            _resolved(VocabSettings, self.params, self.vocab),
-            _resolved(EmbeddingSettings, self.params, self.embeddings),
+            _resolved(DownloadSettings, self.params, self.download, "download"),
+            _resolved(PrepareSettings, self.params, self.prepare, "prepare"),
+            _resolved(VocabSettings, self.params, self.vocab, "vocab"),
+            _resolved(EmbeddingSettings, self.params, self.embeddings, "embeddings"),
         )
 
     def split_files(self, stages: CorpusStages) -> dict[str, str]:
@@ -137,7 +138,7 @@ class TrainRequest(_Request):
         return self
 
     def config(self) -> TrainConfig:
-        return _resolved(TrainConfig, self.params, self.settings)
+        return _resolved(TrainConfig, self.params, self.settings, "settings")
 
 
 class EvaluateRequest(_Request):
@@ -157,4 +158,4 @@ class EvaluateRequest(_Request):
         return self
 
     def evaluation(self) -> EvaluateSettings:
-        return _resolved(EvaluateSettings, self.params, self.settings)
+        return _resolved(EvaluateSettings, self.params, self.settings, "settings")

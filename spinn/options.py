@@ -22,8 +22,7 @@ import click
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from spinn.errors import SpinnError
-from spinn.settings import Settings, SettingsError, settings_type
+from spinn.settings import Layer, Settings, settings_type
 
 F = TypeVar("F", bound=Callable[..., Any])
 SEPARATOR = "__"
@@ -68,15 +67,14 @@ def given(model: type[Settings], options: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def resolve(model: type[Settings], config: Path | None, *layers: dict[str, Any], exclude: tuple[str, ...] = ()):
-    """The command's settings: params section (when --config is given), then the options; a problem is
-    reported under the option's name."""
-    try:
-        return model.from_params(config, *layers)
-    except SettingsError as error:
-        names = option_names(model, exclude=exclude)
-        problems = [f"{names.get(field, field)} ({field}): {message}" for field, message in error.problems]
-        raise SpinnError(f"{error.where}: " + "; ".join(problems)) from None
+def resolve(model: type[Settings], config: Path | None, *layers: dict[str, Any] | Layer, exclude: tuple[str, ...] = ()):
+    """The command's settings: params section (when --config is given), then the layers (a plain dict:
+    the options the user gave); a problem is named where its value was written, an option's by the option."""
+
+    def option(key: str) -> str:
+        return option_names(model, exclude=exclude).get(key, key)
+
+    return model.from_params(config, *(layer if isinstance(layer, Layer) else Layer(layer, option) for layer in layers))
 
 
 def renamed_option(old: str, new: str, dest: str, **attributes: Any) -> Callable[[F], F]:

@@ -12,12 +12,13 @@ what the user gave for this run.
 
 from __future__ import annotations
 
+import difflib
 import os
 import types
 from collections.abc import Callable, Iterable
 from functools import cache
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal, Self, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Self, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -43,13 +44,28 @@ since a section nobody reads would silently leave its stage on its defaults. Eve
 one of them (checked when the stage's model is defined)."""
 
 
-class SettingsError(SpinnError, ValueError):
-    """Settings that do not validate; `problems` keeps (dotted field, message) so each front end can
-    name the field in its own words (the CLI as an option, a flow as a parameter)."""
+SET_OPTION = "--set"
+"""The option of KEY=VALUE overrides, on every command that has one (`spinn train`, `spinn-pipeline`)."""
 
-    def __init__(self, where: str, problems: list[tuple[str, str]]):
-        self.where, self.problems = where, problems
-        super().__init__(f"{where}: " + "; ".join(f"{field}: {message}" for field, message in problems))
+
+class SettingsError(SpinnError, ValueError):
+    """Settings that do not validate; `problems` keeps (place, message) per problem, the place being where
+    the user wrote the value in their own words (see `Layer`)."""
+
+    def __init__(self, problems: list[tuple[str, str]]):
+        self.problems = problems
+        super().__init__("; ".join(f"{place}: {message}" for place, message in problems))
+
+
+class Layer(NamedTuple):
+    """Settings from one place the user wrote them, and how that place names a dotted key.
+
+    A bad value is reported where it was written, in the words of that place: `params.yaml: train:
+    max_steps`, `--set max_steps`, `--max-steps`. A plain dict given to `Settings.build` is named by its
+    `where` (a checkpoint's stored config, a sidecar file)."""
+
+    values: dict[str, Any]
+    place: Callable[[str], str]
 
 
 class Settings(BaseModel):
@@ -81,22 +97,25 @@ class Settings(BaseModel):
         return value
 
     @classmethod
-    def build(cls, *layers: dict[str, Any], where: str | None = None) -> Self:
-        """Validate the merged layers (later ones win, nested sections merge key by key)."""
+    def build(cls, *layers: dict[str, Any] | Layer, where: str | None = None) -> Self:
+        """Validate the merged layers (later ones win, nested sections merge key by key); each problem is
+        named by the layer whose value failed (the last one that holds the key), a problem of the settings
+        as a whole by `where`."""
+        where = where or cls.section or cls.__name__
+        named = [layer if isinstance(layer, Layer) else Layer(layer, lambda key: f"{where}: {key}") for layer in layers]
         merged: dict[str, Any] = {}
-        for layer in layers:
-            merged = deep_merge(merged, layer)
+        for layer in named:
+            merged = deep_merge(merged, layer.values)
         try:
             return cls.model_validate(merged)
         except ValidationError as error:
-            raise SettingsError(where or cls.section or cls.__name__, describe(error)) from None
+            raise SettingsError(_placed(describe(error, cls), named, merged, where)) from None
 
     @classmethod
-    def from_params(cls, path: Path | None, *overrides: dict[str, Any]) -> Self:
+    def from_params(cls, path: Path | None, *overrides: dict[str, Any] | Layer) -> Self:
         """The stage's params.yaml section (none when path is None), then the overrides."""
-        section = params_section(path, cls.section) if path is not None and cls.section else {}
-        where = f"{path}: {cls.section}" if path is not None and cls.section else None
-        return cls.build(section, *overrides, where=where)
+        section = [params_layer(path, cls.section)] if path is not None and cls.section else []
+        return cls.build(*section, *overrides)
 
     def replace(self, **changes: Any) -> Self:
         """A validated copy with some fields changed (pydantic's model_copy does not validate)."""
@@ -212,18 +231,86 @@ def deep_merge(base: dict[str, Any], layer: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def describe(error: ValidationError) -> list[tuple[str, str]]:
-    """(dotted field, message) per problem, with the rejected value when pydantic kept it."""
+PLAIN_WORDS = {
+    "extra_forbidden": "unknown setting",
+    "missing": "is required",
+    "greater_than_equal": "must be at least {ge}",
+    "less_than_equal": "must be at most {le}",
+    "greater_than": "must be more than {gt}",
+    "less_than": "must be less than {lt}",
+    "model_type": "must be a section of settings, not a single value",
+    "model_attributes_type": "must be a section of settings, not a single value",
+    "dict_type": "must be a mapping of names to values",
+}
+"""pydantic's error types in the words every front end prints; the others keep pydantic's message, with
+its validator prefix dropped and "Input should be" said as "must be"."""
+PYDANTIC_PREFIX = "Value error, "
+PYDANTIC_SHOULD, SHOULD = "Input should be ", "must be "
+GOT = " (got "
+
+
+def describe(error: ValidationError, model: type[BaseModel] | None = None) -> list[tuple[tuple[str, ...], str]]:
+    """(field path, plain message) per problem: no pydantic prefix or URL, the rejected value when pydantic
+    kept one, and for an unknown key of `model` the nearest known one."""
     problems = []
     for item in error.errors(include_url=False):
-        field = ".".join(str(part) for part in item["loc"]) or "(settings)"
-        message = item["msg"].removeprefix("Value error, ")
+        loc = tuple(str(part) for part in item["loc"])
+        template = PLAIN_WORDS.get(item["type"])
+        message = template.format(**item.get("ctx", {})) if template else item["msg"].removeprefix(PYDANTIC_PREFIX)
+        if message.startswith(PYDANTIC_SHOULD):
+            message = SHOULD + message.removeprefix(PYDANTIC_SHOULD)
         if item["type"] == "extra_forbidden":
-            message = "unknown setting"
-        elif "input" in item and not isinstance(item["input"], dict):
-            message += f" (got {item['input']!r})"
-        problems.append((field, message))
+            message += _did_you_mean(model, loc)
+        elif "input" in item and not isinstance(item["input"], dict) and GOT not in message:
+            message += f"{GOT}{item['input']!r})"
+        problems.append((loc, message))
     return problems
+
+
+def _did_you_mean(model: type[BaseModel] | None, loc: tuple[str, ...]) -> str:
+    """For a misspelt key of `model`, the known key closest to it (`; did you mean max_steps?`), if any is."""
+    for part in loc[:-1]:
+        info = model.model_fields.get(part) if model is not None else None
+        model = settings_type(info.annotation) if info is not None else None
+    close = difflib.get_close_matches(loc[-1], list(model.model_fields), n=1) if model is not None and loc else []
+    return f"; did you mean {close[0]}?" if close else ""
+
+
+def _placed(
+    problems: list[tuple[tuple[str, ...], str]], layers: list[Layer], merged: dict[str, Any], where: str
+) -> list[tuple[str, str]]:
+    """(place, message) per problem: the place of the last layer that holds its key, since that layer's value
+    won the merge and failed; a problem of the settings as a whole (no key) is placed at `where`."""
+    placed = []
+    for loc, message in problems:
+        source = next((layer for layer in reversed(layers) if loc and _holds(layer.values, loc)), None)
+        placed.append((source.place(_written_key(merged, loc)) if source else where, message))
+    return placed
+
+
+def _holds(values: dict[str, Any], loc: tuple[str, ...]) -> bool:
+    """Whether a layer sets the value at `loc` (itself, or a whole section above it)."""
+    node: Any = values
+    for part in loc:
+        if not isinstance(node, dict):
+            return True
+        if part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _written_key(merged: dict[str, Any], loc: tuple[str, ...]) -> str:
+    """The dotted key as the user wrote it: pydantic's loc cut where the value stops being a section (past
+    that come pydantic's own tags, `batch_size.int`), whole for a key nobody wrote (a missing one)."""
+    node: Any = merged
+    for depth, part in enumerate(loc):
+        if not isinstance(node, dict):
+            return ".".join(loc[:depth])
+        if part not in node:
+            return ".".join(loc)
+        node = node[part]
+    return ".".join(loc)
 
 
 # ----------------------------------------------------------------------------- params.yaml
@@ -253,6 +340,14 @@ def read_params(path: Path) -> dict[str, Any]:
     return data
 
 
+def params_layer(path: Path, section: str, *, under: str | None = None) -> Layer:
+    """A params.yaml section as a settings layer (placed `under` a key of the stage's settings when the
+    stage reads another stage's section); a bad value is named by the file, the section and its key there."""
+    values = params_section(path, section)
+    prefix = f"{under}." if under else ""
+    return Layer({under: values} if under else values, lambda key: f"{path}: {section}: {key.removeprefix(prefix)}")
+
+
 def params_section(path: Path, section: str) -> dict[str, Any]:
     """One stage's section of params.yaml (empty when absent), checked to be a mapping."""
     value = read_params(path).get(section)
@@ -270,11 +365,12 @@ def parse_override(override: str) -> tuple[str, Any]:
     """`model.d_hidden=100` -> ("model.d_hidden", 100): the value read as YAML."""
     key, separator, text = override.partition("=")
     if not separator or not key.strip():
-        raise SpinnError(f"override {override!r}: expected KEY=VALUE, e.g. model.d_hidden=100")
+        raise SpinnError(f"{SET_OPTION} {override!r}: expected KEY=VALUE, e.g. {SET_OPTION} model.d_hidden=100")
     try:
         return key.strip(), yaml.safe_load(text)
     except yaml.YAMLError as error:
-        raise SpinnError(f"override {override!r}: the value is not valid YAML ({str(error).splitlines()[0]})") from None
+        problem = str(error).splitlines()[0]
+        raise SpinnError(f"{SET_OPTION} {key.strip()}: the value {text!r} is not valid YAML ({problem})") from None
 
 
 def nest(flat: Iterable[tuple[str, Any]]) -> dict[str, Any]:
@@ -283,17 +379,23 @@ def nest(flat: Iterable[tuple[str, Any]]) -> dict[str, Any]:
     for key, value in flat:
         *parents, leaf = key.split(".")
         target = nested
-        for parent in parents:
+        for depth, parent in enumerate(parents):
             target = target.setdefault(parent, {})
             if not isinstance(target, dict):
-                raise SpinnError(f"override {key}: {parent} is not a section")
+                section = ".".join(parents[: depth + 1])
+                raise SpinnError(f"{SET_OPTION} {key}: {section} is given a value, so it is not a section here")
         target[leaf] = value
     return nested
 
 
 def overrides_from(pairs: Iterable[str]) -> dict[str, Any]:
-    """`--set` arguments as a nested settings layer."""
+    """`--set` arguments as nested settings."""
     return nest(parse_override(pair) for pair in pairs)
+
+
+def set_layer(pairs: Iterable[str]) -> Layer:
+    """`--set` arguments as a settings layer: a bad value is named `--set KEY`, whatever the command."""
+    return Layer(overrides_from(pairs), lambda key: f"{SET_OPTION} {key}")
 
 
 # ----------------------------------------------------------------------------- optional twins

@@ -144,15 +144,15 @@ def test_reads_a_prepared_parquet_split(corpus, tmp_path):
 @pytest.mark.parametrize(
     "options, message",
     [
-        ({"mode": "fit"}, "mode: Input should be 'train', 'infer' or 'loop'"),
+        ({"mode": "fit"}, "mode: must be 'train', 'infer' or 'loop'"),
         ({"mode": "loop", "impl": "reference"}, "the loop mode runs the training loop"),
         ({"profile": True}, "profile measures GPU kernels; it needs device cuda"),
-        ({"impl": "slow"}, "impl: Input should be 'fast' or 'reference'"),
-        ({"device": "tpu"}, "device: Input should be 'cpu' or 'cuda'"),
-        ({"steps": 0}, "steps: Input should be greater than or equal to 1"),
-        ({"pairs": 0}, "pairs: Input should be greater than or equal to 1"),
-        ({"threads": 0}, "threads: Input should be greater than or equal to 1"),
-        ({"variant": "rnn"}, "variant: Input should be"),
+        ({"impl": "slow"}, "impl: must be 'fast' or 'reference'"),
+        ({"device": "tpu"}, "device: must be 'cpu' or 'cuda'"),
+        ({"steps": 0}, "steps: must be at least 1"),
+        ({"pairs": 0}, "pairs: must be at least 1"),
+        ({"threads": 0}, "threads: must be at least 1"),
+        ({"variant": "rnn"}, "variant: must be"),
         ({"variant": "rl", "impl": "reference"}, "variant rl has no reference implementation"),
     ],
 )

@@ -76,8 +76,8 @@ def test_a_release_0_1_config_reads_with_its_vectors_settings():
     [
         (["colour=blue"], r"colour: unknown setting"),
         (["model.depth=3"], r"model.depth: unknown setting"),
-        (["model.variant=lstm"], r"model.variant: Input should be 'pi-nt', 'pi', 'spinn', 'rl' or 'cbow'"),
-        (["embeddings.oov=mean"], r"embeddings.oov: Input should be 'zeros' or 'random'"),
+        (["model.variant=lstm"], r"model.variant: must be 'pi-nt', 'pi', 'spinn', 'rl' or 'cbow'"),
+        (["embeddings.oov=mean"], r"embeddings.oov: must be 'zeros' or 'random'"),
         (["batch_size=0"], r"batch_size: must be at least 1 \(got 0\)"),
         (["batch_size=many"], r"batch_size: must be a number of pairs or 'auto' \(got 'many'\)"),
         (["no-equals"], "expected KEY=VALUE"),

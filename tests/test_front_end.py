@@ -27,7 +27,7 @@ INPUTS: dict[str, Arguments] = {
     "evaluate": lambda d: ["--model", str(d / "m.pt"), "--data", str(d / "dev.parquet")],
     "parse": lambda d: [str(d / "pairs.csv"), "--output-dir", str(d / "out")],
     "label": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--output", str(d / "out.parquet")],
-    "trees": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--output", str(d / "trees.txt")],
+    "trees": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--output", str(d / "trees.jsonl")],
     "bench-label": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt")],
 }
 """Each command with inputs that exist (made by `inputs`): the case under test adds the one mistake."""

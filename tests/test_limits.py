@@ -17,7 +17,7 @@ from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, max_char
 from spinn.data.prepare import PrepareSettings, prepare
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
-from spinn.labeling.trees import TEXT_SUFFIX
+from spinn.labeling.trees import PAIRS_OUTPUT_SUFFIX
 from tests.test_errors import snli_line
 
 SHORT = ("A dog runs.", "An animal moves.")
@@ -78,7 +78,7 @@ NEW_TEXT_COMMANDS = {
     "trees": lambda source, model, out: ["trees", source, "--model", model, "--output", str(out)],
 }
 """Each command that reads a pairs file with a model (bench-label runs label's own stage)."""
-OUTPUT_SUFFIX = {"label": ".parquet", "trees": TEXT_SUFFIX}
+OUTPUT_SUFFIX = {"label": ".parquet", "trees": PAIRS_OUTPUT_SUFFIX}
 SMALL_LIMIT = 3
 """A `--max-tokens` under the default, so only the limit given (not the default's) rejects the long word."""
 SMALL_PAIR = ("A dog.", "Dogs run.")
@@ -92,8 +92,9 @@ def test_label_and_trees_bound_a_sentence_by_the_token_limit_given(command, smok
     arguments = NEW_TEXT_COMMANDS[command](str(source), str(smoke_model.checkpoint), out)
     result = CliRunner().invoke(main, [*arguments, "--max-tokens", str(SMALL_LIMIT)])
     assert result.exit_code == 0, (result.output, result.exception)
-    if command == "trees":  # one tree per distinct sentence of the kept pair: the long word's pair is skipped
-        assert len(out.read_text().splitlines()) == 2 and long_word not in out.read_text()
+    if command == "trees":  # the trees of the kept pair: the long word's pair is skipped
+        (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+        assert record["pair_id"] == "1" and long_word not in out.read_text()
         return
     assert pq.read_table(out).column("premise").to_pylist() == [SMALL_PAIR[0]]
     (reject,) = [json.loads(line) for line in (tmp_path / "out.rejects.jsonl").read_text().splitlines()]

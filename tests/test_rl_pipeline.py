@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -90,11 +92,14 @@ def test_rl_trains_on_tokens_only_and_labels_with_its_own_trees(tokens_only):
         line.split() for line in sentences.read_text().splitlines()
     ]
 
-    run(["trees", str(tokens_only / "dev.csv"), "--model", "data/models/best.pt", "--output", "pair_trees.txt"])
+    run(["trees", str(tokens_only / "dev.csv"), "--model", "data/models/best.pt", "--output", "pair_trees.jsonl"])
     dev_rows = pq.read_table(tokens_only / "prepared" / "dev.parquet").to_pylist()
-    distinct = {tuple(row[side]) for row in dev_rows for side in ("premise_tokens", "hypothesis_tokens")}
-    drawn = [tuple(parse_binary(tree).leaves()) for tree in (tokens_only / "pair_trees.txt").read_text().splitlines()]
-    assert len(drawn) == len(set(drawn)) == len(distinct), "each distinct sentence of the pairs once"
+    records = [json.loads(line) for line in (tokens_only / "pair_trees.jsonl").read_text().splitlines()]
+    assert [record["pair_id"] for record in records] == [row["pair_id"] for row in dev_rows], "every pair, by its id"
+    drawn = [
+        tuple(parse_binary(record[side]).leaves()) for record in records for side in ("premise_tree", "hypothesis_tree")
+    ]
+    assert drawn == [tuple(row[side]) for row in dev_rows for side in ("premise_tokens", "hypothesis_tokens")]
 
     run(
         [

@@ -161,15 +161,16 @@ def test_options_win_over_params_which_win_over_defaults(tmp_path, snli_train_sa
     assert from_option.exit_code == 0 and "(lowercase=True, min_freq=3)" in from_option.output
 
 
-def test_a_bad_setting_is_named_by_its_option(tmp_path):
+def test_a_bad_setting_is_named_where_it_was_given(tmp_path):
+    """An option's value by the option; a `--set` value by --set and its key (tests/test_set_errors.py)."""
     splits = [tmp_path / "train.parquet", tmp_path / "dev.parquet"]
     for split in splits:
         split.write_bytes(b"")  # never read: the settings are refused first
     data = ["--train", str(splits[0]), "--dev", str(splits[1])]
-    result = CliRunner().invoke(main, ["train", *data, "--set", "batch_size=0", "--set", "model.variant=lstm"])
+    result = CliRunner().invoke(main, ["train", *data, "--batch-size", "0", "--set", "model.variant=lstm"])
     assert result.exit_code == 1
-    assert "--batch-size (batch_size): must be at least 1 (got 0)" in result.output
-    assert "--variant (model.variant): Input should be" in result.output
+    assert "--batch-size: must be at least 1 (got " in result.output
+    assert "--set model.variant: must be 'pi-nt'" in result.output
 
 
 def test_every_command_loads_from_its_module():

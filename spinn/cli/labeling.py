@@ -105,7 +105,12 @@ def label(
 @click.argument("input_path", metavar="INPUT", type=PATH, required=False, callback=input_file)
 @renamed_option("--input", "the INPUT argument", "old_input", type=PATH)
 @click.option("--model", "model_reference", required=True, help="A spinn or rl checkpoint, or an MLflow model URI.")
-@click.option("--output", type=PATH, required=True, help="One bracketed tree per line.")
+@click.option(
+    "--output",
+    type=PATH,
+    required=True,
+    help="A .txt INPUT: its tree per line, line for line. A pairs file: .jsonl, per row its pair_id, row and trees.",
+)
 @click.option(
     "--html", callback=output_with_suffix(".html", ".htm"), help="Also draw the first trees as SVG in this HTML page."
 )
@@ -120,7 +125,8 @@ def trees(
 ) -> None:
     """Write the binary trees a model builds by itself, in SNLI's bracket format.
 
-    INPUT: a .txt file with one sentence per line, or a sentence-pair file (CSV, TSV, JSONL, Parquet)."""
+    INPUT: a .txt file with one sentence per line, or a sentence-pair file (CSV, TSV, JSONL, Parquet) whose rows
+    keep their pair ids as `spinn label` gives them."""
     from spinn.labeling.trees import induce_trees
 
     source = input_path or old_input

@@ -96,12 +96,12 @@ def train(
 ) -> None:
     """Train a SPINN model with MLflow tracking, checkpoints and model registration."""
     from spinn.io import check_outputs
-    from spinn.settings import overrides_from
+    from spinn.settings import set_layer
     from spinn.training.publish import metrics_files, write_metrics_files
     from spinn.training.train import train as train_stage
     from spinn.training.train import training_inputs
 
-    config = resolve(TrainConfig, config_path, overrides_from(overrides), given(TrainConfig, options))
+    config = resolve(TrainConfig, config_path, set_layer(overrides), given(TrainConfig, options))
     if metrics_dir is not None:
         check_outputs(metrics_files(metrics_dir), inputs=training_inputs(train_path, dev_path, vocab_path))
     result = train_stage(

@@ -5,18 +5,24 @@ best legal action); writing the trees out lets users see what an `rl` model
 learned to parse without ever seeing a parse. The trees come from the same
 inference loop as labelling's (spinn/inference/predict.py), so `spinn trees`
 draws exactly the trees that `spinn label --parser model` records.
+
+Every tree can be joined back to where its sentence came from: a .txt input's
+line N has its tree on the output's line N, and a pairs file's row gives one
+JSON line with the row's `pair_id` (the id rules of `spinn label`: the same
+reader, columns and sidecar) and its two trees, under label's column names.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import json
 from pathlib import Path
+from typing import NamedTuple
 
 from pydantic import Field
 
 from spinn.data.example import Example
 from spinn.data.limits import DEFAULT_MAX_TOKENS
-from spinn.data.sentence_pairs import InputPair, read_input_pairs
+from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
 from spinn.errors import SpinnError
 from spinn.inference.predict import predict
 from spinn.io import atomic_path, publishing
@@ -28,10 +34,15 @@ from spinn.trees.transitions import format_transitions, parse_binary
 from spinn.trees.treeview import render_trees
 
 TEXT_SUFFIX = ".txt"
+PAIRS_OUTPUT_SUFFIX = ".jsonl"
+NO_TREE = ""
+"""The tree of a blank line: the line stays, so line numbers still join."""
 HTML_TREES = 20
 BATCH_SENTENCES = 256
 SENTENCES_PER_PAIR = 2
 """The model reads pairs; `spinn trees` feeds it its sentences two at a time."""
+
+Tokens = tuple[str, ...]
 
 
 class TreesSettings(Settings):
@@ -46,6 +57,10 @@ class TreesSettings(Settings):
     max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
     """A pairs file's sentence longer than this many tokens allows in characters is skipped before the
     tokenizer sees it (spinn/data/limits.py)."""
+    columns: Columns = Columns()
+    """Which columns of a pairs file hold the pair and its id."""
+    input_format: Format | None = Field(None, json_schema_extra={"cli": "--format"})
+    """A pairs file's format (default: from the file name)."""
 
 
 def induce_trees(
@@ -56,44 +71,91 @@ def induce_trees(
     *,
     html: Path | None = None,
 ) -> int:
-    """Write one tree per sentence (a .txt input: one per line, as given; a pairs file: each distinct
-    premise and hypothesis once, in first-seen order, since SNLI-style data repeats a premise for each of
-    its hypotheses), and optionally draw the first `html_trees` as an HTML page; returns how many trees
-    were written. Refused before the model loads when an output is the input or the model, or while another
-    run writes one (spinn.io.publishing)."""
-    written = [Path(output), *([Path(html)] if html is not None else [])]
-    with publishing(written, inputs=[Path(input_path), Path(model_reference)]):
+    """Write the tree of every sentence (a .txt input: one line per input line; a pairs file: one JSON line
+    per valid row, with its pair id and both trees; rows `spinn label` would reject are left out), and
+    optionally draw the first `html_trees` distinct trees as an HTML page; returns how many trees were
+    written. Each distinct sentence is parsed once (SNLI-style data repeats a premise for each of its
+    hypotheses). Refused before the model loads when an output is the input or the model, while another run
+    writes one (spinn.io.publishing), or when a pairs file's output is not .jsonl."""
+    input_path, output = Path(input_path), Path(output)
+    written = [output, *([Path(html)] if html is not None else [])]
+    with publishing(written, inputs=[input_path, Path(model_reference)]):
         settings = settings or TreesSettings()
-        loaded = load_model(model_reference, resolve_device(settings.device))
-        if not loaded.model.config.predicts_transitions:
-            raise SpinnError(f"a {loaded.model.config.variant} model does not build its own trees; use spinn or rl")
-        sentences = [tokens for tokens in _sentences(Path(input_path), settings.max_tokens) if tokens]
-        trees = _trees(loaded, sentences, settings.batch_size) if sentences else []
-        with atomic_path(Path(output)) as temporary:
-            temporary.write_text("".join(tree + "\n" for tree in trees), encoding="utf-8")
+        pairs = None if input_path.name.endswith(TEXT_SUFFIX) else _pairs(input_path, output, settings)
+        loaded = _tree_builder(model_reference, settings)
+        sentences = _lines(input_path) if pairs is None else [side for pair in pairs for side in pair[1:]]
+        trees = _distinct_trees(loaded, sentences, settings.batch_size)
+        text = _tree_lines(sentences, trees) if pairs is None else _pair_lines(pairs, trees)
+        with atomic_path(output) as temporary:
+            temporary.write_text(text, encoding="utf-8")
         if html is not None:
-            render_trees(
-                [parse_binary(tree) for tree in trees[: settings.html_trees]], html, title=f"Trees of {model_reference}"
-            )
-        return len(trees)
+            drawn = [parse_binary(tree) for tree in list(trees.values())[: settings.html_trees]]
+            render_trees(drawn, html, title=f"Trees of {model_reference}")
+        return sum(1 for tokens in sentences if tokens)
 
 
-def _sentences(path: Path, max_tokens: int) -> Iterator[list[str]]:
-    if path.name.endswith(TEXT_SUFFIX):
-        for line in path.read_text(encoding="utf-8").splitlines():
-            yield tokenize(line)
-        return
-    seen: set[tuple[str, ...]] = set()
-    for item in read_input_pairs(path, max_tokens=max_tokens):
-        if not isinstance(item, InputPair):
-            continue
-        for tokens in (tokenize(item.premise), tokenize(item.hypothesis)):
-            if tuple(tokens) not in seen:
-                seen.add(tuple(tokens))
-                yield tokens
+def _tree_builder(model_reference: str | Path, settings: TreesSettings) -> LoadedModel:
+    loaded = load_model(model_reference, resolve_device(settings.device))
+    if not loaded.model.config.predicts_transitions:
+        raise SpinnError(f"a {loaded.model.config.variant} model does not build its own trees; use spinn or rl")
+    return loaded
 
 
-def _trees(loaded: LoadedModel, sentences: list[list[str]], batch_size: int) -> list[str]:
+def _lines(path: Path) -> list[Tokens]:
+    """A .txt input's sentences, one per line, blank lines kept (as no tokens) so line numbers still join."""
+    return [tuple(tokenize(line)) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+class _Pair(NamedTuple):
+    """A valid row of a pairs file, tokenized: what its record is made of."""
+
+    source: InputPair
+    premise: Tokens
+    hypothesis: Tokens
+
+
+def _pairs(path: Path, output: Path, settings: TreesSettings) -> list[_Pair]:
+    """The rows `spinn label` would label (same reader, columns, format and token limit), tokenized; checked
+    first: their records go to JSON lines, so the output must say so."""
+    if not output.name.endswith(PAIRS_OUTPUT_SUFFIX):
+        raise SpinnError(
+            f"{output}: the trees of a pairs file are JSON lines that carry each row's pair_id; "
+            f"give --output a {PAIRS_OUTPUT_SUFFIX} name"
+        )
+    rows = read_input_pairs(path, settings.columns, settings.input_format, max_tokens=settings.max_tokens)
+    return [
+        _Pair(row, tuple(tokenize(row.premise)), tuple(tokenize(row.hypothesis)))
+        for row in rows
+        if isinstance(row, InputPair)
+    ]
+
+
+def _pair_lines(pairs: list[_Pair], trees: dict[Tokens, str]) -> str:
+    """One JSON line per row: its id and row number, which join it back to the input and to label's output,
+    and its two trees under label's column names."""
+    records = (
+        {
+            "pair_id": pair.source.pair_id,
+            "row": pair.source.row,
+            "premise_tree": trees.get(pair.premise, NO_TREE),
+            "hypothesis_tree": trees.get(pair.hypothesis, NO_TREE),
+        }
+        for pair in pairs
+    )
+    return "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records)
+
+
+def _tree_lines(sentences: list[Tokens], trees: dict[Tokens, str]) -> str:
+    return "".join(trees.get(tokens, NO_TREE) + "\n" for tokens in sentences)
+
+
+def _distinct_trees(loaded: LoadedModel, sentences: list[Tokens], batch_size: int) -> dict[Tokens, str]:
+    """The tree of each distinct non-empty sentence, in first-seen order."""
+    distinct = list(dict.fromkeys(tokens for tokens in sentences if tokens))
+    return dict(zip(distinct, _trees(loaded, distinct, batch_size), strict=True)) if distinct else {}
+
+
+def _trees(loaded: LoadedModel, sentences: list[Tokens], batch_size: int) -> list[str]:
     """Greedy trees of the sentences, through the one inference loop: the model reads pairs, so sentences go
     two by two (the encoder reads every sentence on its own; a lone last one is paired with itself)."""
     model, vocabulary = loaded.model, loaded.vocabulary

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.model.config import PRESETS, VARIANTS, SPINNConfig
-from spinn.settings import AUTO, Device, Settings, count_or_auto, deep_merge, params_section
+from spinn.settings import AUTO, Device, Layer, Settings, count_or_auto, deep_merge, params_layer
 from spinn.training.step import Schedule
 
 # Bowman et al. 2016, appendix table of tuned hyperparameters (300D models): initial
@@ -148,6 +148,8 @@ class TrainConfig(Settings):
         model = data.get("model", {})
         if isinstance(model, SPINNConfig):
             model = model.model_dump()
+        if not isinstance(model, dict):  # `--set model=3`: the model field's own validation names it
+            return data
         variant = model.get("variant", DEFAULT_VARIANT)
         if variant in VARIANTS:  # else the model's own validation names the field
             data["model"] = deep_merge(PRESETS[PAPER_MODELS[variant]].model_dump(), model)
@@ -157,13 +159,13 @@ class TrainConfig(Settings):
         return data
 
     @classmethod
-    def from_params(cls, path: Path | None, *overrides: dict[str, Any]) -> TrainConfig:
+    def from_params(cls, path: Path | None, *overrides: dict[str, Any] | Layer) -> TrainConfig:
         """params.yaml's `train` section over its `embeddings` section (the vectors the embeddings stage
-        aligned), then the overrides (nested dicts, later ones win)."""
+        aligned), then the overrides (nested dicts or layers, later ones win)."""
         if path is None:
             return cls.build(*overrides)
-        vectors = {"embeddings": params_section(path, EmbeddingSettings.section)}
-        return cls.build(vectors, params_section(path, cls.section), *overrides, where=f"{path}: train")
+        vectors = params_layer(path, EmbeddingSettings.section, under="embeddings")
+        return cls.build(vectors, params_layer(path, cls.section), *overrides)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:

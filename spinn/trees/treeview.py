@@ -2,24 +2,43 @@
 
 No JavaScript and no external assets, so the page opens anywhere, including
 as an MLflow artifact; words are escaped, so any input text is safe to show.
+
+The layout is the one that cannot cross: the words sit on one line in sentence
+order, and every node is drawn at the apex of the triangle over the words it
+spans (x the middle of its first and last word, height growing with how many
+words it spans). A child's apex then lies on a side of its parent's triangle,
+so each edge runs along its parent's side, and sibling triangles share no
+point: no two edges cross, whatever the tree's shape. Placing a node by its
+height above the words instead (the first layout) let a long edge down to a
+word cut through its sibling's subtree.
 """
 
 from __future__ import annotations
 
 import html
 from pathlib import Path
+from typing import NamedTuple
 
 from spinn.io import atomic_path
 from spinn.trees.tree import Tree
 
 LEAF_GAP = 64  # px between neighbouring words
-LEVEL_GAP = 36  # px between tree levels
+SPAN_RISE = 20  # px a node stands above the words per word it spans beyond its first
 MARGIN = 20
+LABEL_DROP = 14  # px from a word's point down to its text's baseline
+LABEL_SPACE = 20  # px under the word line for the words' text
 PAGE = (
     "<!doctype html><html><head><meta charset='utf-8'><title>{title}</title>"
     "<style>body{{font-family:sans-serif}} svg text{{font-size:13px}}</style></head>"
     "<body><h1>{title}</h1>{body}</body></html>\n"
 )
+
+
+class Span(NamedTuple):
+    """The words a node covers: indices of its first and last word."""
+
+    first: int
+    last: int
 
 
 def render_trees(trees: list[Tree], path: Path, title: str = "Induced trees") -> Path:
@@ -31,43 +50,52 @@ def render_trees(trees: list[Tree], path: Path, title: str = "Induced trees") ->
 
 
 def tree_svg(tree: Tree) -> str:
-    """Leaves evenly spaced on the bottom line, each inner node above the middle of its children."""
-    positions: dict[int, tuple[float, int]] = {}
-    height = _place(tree, positions, [0])
-    lines, labels = [], []
-    for node, (x, level) in _walk(tree, positions):
-        y = MARGIN + (height - level) * LEVEL_GAP
-        for child in node.children:
-            child_x, child_level = positions[id(child)]
-            child_y = MARGIN + (height - child_level) * LEVEL_GAP
-            lines.append(f"<line x1='{x}' y1='{y}' x2='{child_x}' y2='{child_y}' stroke='#555'/>")
-        if node.is_leaf:
-            labels.append(f"<text x='{x}' y='{y + 14}' text-anchor='middle'>{html.escape(node.label)}</text>")
-    width = MARGIN * 2 + LEAF_GAP * max(len(tree.leaves()) - 1, 0)
+    """The words on one line in sentence order, every node at the apex over its span: no crossing edges."""
+    words, edges = _spans(tree)
+    word_line = MARGIN + SPAN_RISE * (len(words) - 1)  # room above it for the root, which spans every word
+    lines = []
+    for parent, child in edges:
+        (x1, y1), (x2, y2) = _point(parent, word_line), _point(child, word_line)
+        lines.append(f"<line x1='{x1}' y1='{y1}' x2='{x2}' y2='{y2}' stroke='#555'/>")
+    labels = []
+    for index, word in enumerate(words):
+        x, y = _point(Span(index, index), word_line)
+        labels.append(f"<text x='{x}' y='{y + LABEL_DROP}' text-anchor='middle'>{html.escape(word)}</text>")
+    width = MARGIN * 2 + LEAF_GAP * max(len(words) - 1, 0)
     return (
         f"<svg xmlns='http://www.w3.org/2000/svg' width='{width}' "
-        f"height='{MARGIN * 2 + height * LEVEL_GAP + 20}'>{''.join(lines)}{''.join(labels)}</svg>"
+        f"height='{word_line + LABEL_SPACE + MARGIN}'>{''.join(lines)}{''.join(labels)}</svg>"
     )
 
 
-def _place(node: Tree, positions: dict[int, tuple[float, int]], next_leaf: list[int]) -> int:
-    """Assign (x, level) to every node, leaves at level 0; returns the node's level."""
-    if node.is_leaf:
-        positions[id(node)] = (MARGIN + LEAF_GAP * next_leaf[0], 0)
-        next_leaf[0] += 1
-        return 0
-    levels = [_place(child, positions, next_leaf) for child in node.children]
-    x = sum(positions[id(child)][0] for child in node.children) / len(node.children)
-    positions[id(node)] = (x, max(levels) + 1)
-    return max(levels) + 1
+def _spans(tree: Tree) -> tuple[list[str], list[tuple[Span, Span]]]:
+    """The words in order and every (parent span, child span) edge, in one iterative post-order walk
+    (parses can be deep); spans, not node identities, place the nodes, so a subtree object that occurs
+    twice is still drawn twice."""
+    words: list[str] = []
+    edges: list[tuple[Span, Span]] = []
+    finished: list[Span] = []  # the spans of the children walked so far, innermost last
+    work: list[tuple[Tree, bool]] = [(tree, False)]
+    while work:
+        node, children_done = work.pop()
+        if node.is_leaf:
+            finished.append(Span(len(words), len(words)))
+            words.append(node.label)
+        elif not children_done:
+            work.append((node, True))
+            work.extend((child, False) for child in reversed(node.children))
+        else:
+            children = finished[-len(node.children) :]
+            del finished[-len(node.children) :]
+            span = Span(children[0].first, children[-1].last)
+            edges.extend((span, child) for child in children)
+            finished.append(span)
+    return words, edges
 
 
-def _walk(tree: Tree, positions: dict[int, tuple[float, int]]):
-    stack = [tree]
-    while stack:
-        node = stack.pop()
-        yield node, positions[id(node)]
-        stack.extend(node.children)
+def _point(span: Span, word_line: int) -> tuple[float, int]:
+    """A node's apex: over the middle of its span, higher by SPAN_RISE for each word past its first."""
+    return MARGIN + LEAF_GAP * (span.first + span.last) / 2, word_line - SPAN_RISE * (span.last - span.first)
 
 
 def _caption(tree: Tree) -> str:
