@@ -27,6 +27,7 @@ PROGRESS_EVERY_S seconds.
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -138,6 +139,9 @@ def dask_cluster(request: LabelRequest) -> Iterator[str]:
 
 _LABELLERS: dict[tuple, Any] = {}
 """One loaded model and parser per worker process, shared by the shards that worker labels."""
+_LABELLERS_LOCK = threading.Lock()
+"""plan-shards runs in the flow's own process, where files side by side would otherwise load the
+same model and parser twice at once."""
 
 
 def _labeller(model: str, settings) -> Any:
@@ -146,9 +150,10 @@ def _labeller(model: str, settings) -> Any:
 
     settings = settings.replace(parsing={"workers": 1})
     key = (model, repr(settings))
-    if key not in _LABELLERS:
-        _LABELLERS[key] = Labeller(model, settings)
-    return _LABELLERS[key]
+    with _LABELLERS_LOCK:
+        if key not in _LABELLERS:
+            _LABELLERS[key] = Labeller(model, settings)
+        return _LABELLERS[key]
 
 
 class PlannedFile(NamedTuple):
