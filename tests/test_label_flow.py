@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
-from flows.label_pairs import DONE, FAILED, LabelRequest, read_index
+from flows.label_pairs import DONE, FAILED, LabelRequest, read_index, write_index
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import read_input_pairs
 from spinn.labeling import spread
@@ -198,8 +199,9 @@ def test_inbox_files_are_labelled_side_by_side_as_they_are_one_at_a_time(
 ):
     """Issue 24, item 8. Side by side, each good file's labelling waits, once it has begun, for the other's to
     begin too (one at a time, the first would wait in vain and fail), so Prefect's own records show the two
-    subflows running at once; a bad file beside them still fails alone, each MLflow run holds its own file,
-    and the labels are those of a run that takes one file at a time."""
+    subflows running at once; only the flow's thread writes the index, a bad file beside them still fails
+    alone, each MLflow run holds its own file, and the labels are those of a run that takes one file at a
+    time."""
     import flows.label_pairs as label_flow
 
     rows = smoke_pairs(smoke_model, 8)
@@ -225,23 +227,39 @@ def test_inbox_files_are_labelled_side_by_side_as_they_are_one_at_a_time(
             files_at_once=files_at_once,
             dask_address=dask_address,
         )
-        state = label_flow.label_pairs(request, return_state=True)
-        assert state.is_failed() and state.message == "1 of 3 files failed (retried on the next run): bad.jsonl"
-        entries = state.result(raise_on_failure=False).entries
-        assert list(entries) == ["bad.jsonl", *good] and "no premise column" in entries["bad.jsonl"]["error"]
-        assert {name: entries[name]["status"] for name in good} == dict.fromkeys(good, DONE), entries
-        assert {name: read_index(tmp_path / outbox)[name]["status"] for name in good} == dict.fromkeys(good, DONE)
-        return state, {name: pq.read_table(tmp_path / outbox / f"{name}.labels.parquet").to_pylist() for name in good}
+        return label_good_and_bad(request, good)
+
+    index_writers = []
+
+    def write_index_noting_the_thread(outbox, index):
+        index_writers.append(threading.current_thread())
+        write_index(outbox, index)
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(spread, "read_input_pairs", read_once_both_began)
+        patch.setattr(label_flow, "write_index", write_index_noting_the_thread)
         side_by_side, labels = run("together", files_at_once=3)
+    assert index_writers == [threading.current_thread()] * 3  # the flow's own thread, once as each file ends
     one_at_a_time, sequential_labels = run("one-by-one", files_at_once=1)
 
     assert overlapping(file_runs(side_by_side, good)) and not overlapping(file_runs(one_at_a_time, good))
     assert labels == sequential_labels
     assert [row["pair_id"] for name in good for row in labels[name]] == [row["id"] for row in rows]
     assert labelled_per_run(tmp_path / "together") == {"first.csv": 5, "second.jsonl": 3}
+
+
+def label_good_and_bad(request: LabelRequest, good: tuple[str, ...]) -> tuple[Any, dict[str, list[dict]]]:
+    """Run label-pairs on an inbox of the `good` files and bad.jsonl: the run fails for bad.jsonl alone, and the
+    good files are labelled; returns its state and each good file's output rows."""
+    from flows.label_pairs import label_pairs
+
+    state = label_pairs(request, return_state=True)
+    assert state.is_failed() and state.message == "1 of 3 files failed (retried on the next run): bad.jsonl"
+    entries = state.result(raise_on_failure=False).entries
+    assert list(entries) == ["bad.jsonl", *good] and "no premise column" in entries["bad.jsonl"]["error"]
+    assert {name: entries[name]["status"] for name in good} == dict.fromkeys(good, DONE), entries
+    assert {name: read_index(request.outbox)[name]["status"] for name in good} == dict.fromkeys(good, DONE)
+    return state, {name: pq.read_table(request.outbox / f"{name}.labels.parquet").to_pylist() for name in good}
 
 
 def labelled_per_run(outbox) -> dict[str, float]:
