@@ -20,7 +20,10 @@ without oversubscribing them; a file gives each worker work when it has at
 least that many shards (spinn.labeling.spread), and files side by side fill
 the gaps between one file's shards and the next's (its plan, merge and MLflow
 run, a last shard that leaves the others idle). A file's shards and labels do
-not depend on what runs beside it. A shard logs its progress every
+not depend on what runs beside it. On Prefect's default SQLite server,
+subflows that start together are often refused once ("database is locked",
+503) and Prefect's client retries about 2 s later, so files side by side pay
+off for files that take longer than that. A shard logs its progress every
 PROGRESS_EVERY_S seconds.
 """
 
@@ -249,20 +252,14 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
 
 @flow(name="label-pairs", log_prints=True)
 def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]] | State:
-    """Label the inbox's new and previously failed files; returns this run's entries of the index, or,
-    when any file failed, ends Failed with a FilesFailed that holds them (the artifact lists every file)."""
+    """Label the inbox's new and previously failed files, `request.files_at_once` side by side (each a
+    label-file subflow); returns this run's entries of the index, or, when any file failed, ends Failed with a
+    FilesFailed that holds them (the artifact lists every file)."""
     request = request or LabelRequest()
     request.outbox.mkdir(parents=True, exist_ok=True)
     index = read_index(request.outbox)
-    entries = {}
     pending = pending_files(request.inbox, index)
-    if pending:
-        with dask_cluster(request) as address:
-            label = partial(_label_one, request=request, address=address)
-            for path, entry in side_by_side(label, pending, request.file_threads()):
-                entries[path.name] = index[path.name] = entry
-                write_index(request.outbox, index)
-    entries = {path.name: entries[path.name] for path in pending}  # the inbox's order, not the finishing order
+    entries = _label_pending(pending, request, index) if pending else {}
     described = f"{len(entries)} inbox files labelled or retried"
     create_table_artifact(labelled_file_rows(entries), key=LABELLING_RUN_KEY, description=described)
     failed = [name for name, entry in entries.items() if entry["status"] == FAILED]
@@ -270,6 +267,19 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
         error = FilesFailed(entries, failed)
         return Failed(message=str(error), data=error)
     return entries
+
+
+def _label_pending(pending: list[Path], request: LabelRequest, index: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    """Label the files side by side on one cluster. Each file's entry goes into the index as it ends, written
+    here in the flow's own thread, so a killed run keeps every finished file's entry; the entries come back in
+    the inbox's order, not the finishing order."""
+    entries = {}
+    with dask_cluster(request) as address:
+        label = partial(_label_one, request=request, address=address)
+        for path, entry in side_by_side(label, pending, request.file_threads()):
+            entries[path.name] = index[path.name] = entry
+            write_index(request.outbox, index)
+    return {path.name: entries[path.name] for path in pending}
 
 
 def _label_one(path: Path, request: LabelRequest, address: str) -> dict[str, Any]:

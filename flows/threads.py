@@ -26,8 +26,8 @@ THREAD_PREFIX = "spinn-flow"
 
 def side_by_side(call: Callable[[Item], Result], items: Iterable[Item], at_once: int) -> Iterator[tuple[Item, Result]]:
     """(item, call(item)) as each call finishes, at most `at_once` running together. A call that raises
-    raises here, in the caller's thread, as does a caller that stops early: the calls not yet started are
-    dropped, and the ones running end first."""
+    raises here, in the caller's thread; then, or when the caller stops early, the calls not yet started
+    are dropped and the ones running end first."""
     with ThreadPoolExecutor(max_workers=at_once, thread_name_prefix=THREAD_PREFIX) as pool:
         futures = {pool.submit(contextvars.copy_context().run, call, item): item for item in items}
         try:
