@@ -1,11 +1,15 @@
 """label-pairs: label every new file in an inbox folder, once, with shards spread over a Dask cluster.
 
 Each run lists the inbox, skips files the index says are done (same name and
-same content digest), and labels the rest one file at a time. A file is cut
+same content digest), and labels the rest, `files_at_once` of them side by side
+(flows/threads.py), each as its own label-file subflow. A file is cut
 into shards (spinn.labeling.shards), the shards run as Prefect tasks on a Dask cluster
 (a local one by default, or an existing cluster by address) and are merged.
+Only the flow's own thread writes the index, as each file ends, so a killed
+run loses no finished file's entry and a rerun labels the others again (their
+finished shards reused): every file's rows end up in its output exactly once.
 A file that fails is recorded as failed, reported, and tried again on the next
-run; finished shards of a killed run are reused. A labelled file's figures
+run; the files beside it go on. A labelled file's figures
 (counts, label shares, confidence, OOV share, drift) go to the Prefect run's
 table artifact and to an MLflow run per file (spinn/labeling/track.py).
 
@@ -13,17 +17,25 @@ The Dask workers are the parallelism: each worker process parses in itself
 (`spinn label`'s parser `workers` do not apply here) with the settings' torch
 threads, so `dask_workers` about the number of free cores keeps them busy
 without oversubscribing them; a file gives each worker work when it has at
-least that many shards (`shard_size`). A shard logs its progress every
+least that many shards (spinn.labeling.spread), and files side by side fill
+the gaps between one file's shards and the next's (its plan, merge and MLflow
+run, a last shard that leaves the others idle). A file's shards and labels do
+not depend on what runs beside it. On Prefect's default SQLite server,
+subflows that start together are often refused once ("database is locked",
+503) and Prefect's client retries about 2 s later, so files side by side pay
+off for files that take longer than that. A shard logs its progress every
 PROGRESS_EVERY_S seconds.
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,6 +46,7 @@ from prefect_dask import DaskTaskRunner
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.artifacts import labelled_file_rows
+from flows.threads import side_by_side
 from spinn.data.sentence_pairs import readable_suffixes
 from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
@@ -41,6 +54,7 @@ from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shards import hold_output
 from spinn.labeling.spread import spread_over
 from spinn.labeling.track import label_metrics, log_label_run
+from spinn.settings import AUTO, count_or_auto, usable_cores
 
 INDEX_NAME = "index.json"
 LABELS_SUFFIX = ".labels.parquet"
@@ -76,6 +90,13 @@ class LabelRequest(BaseModel):
     settings: LabelOverrides = Field(default_factory=LabelOverrides)  # type: ignore[valid-type]
     dask_address: str | None = Field(None, description="An existing Dask scheduler, e.g. tcp://10.0.0.5:8786.")
     dask_workers: int = Field(2, ge=1, description="Workers of the local cluster when no address is given.")
+    files_at_once: count_or_auto("files") = Field(  # type: ignore[valid-type]
+        AUTO,
+        description=(
+            "Inbox files labelled side by side, each a label-file subflow sharing the cluster; auto: "
+            "dask_workers (with dask_address: this machine's usable cores), at most this machine's usable cores."
+        ),
+    )
     track: bool = Field(True, description="Log each labelled file to an MLflow run (experiment spinn-labeling).")
 
     @model_validator(mode="after")
@@ -88,6 +109,15 @@ class LabelRequest(BaseModel):
             return LabelSettings.build(self.settings.model_dump(exclude_none=True))
         except SpinnError as error:
             raise ValueError(str(error)) from None
+
+    def file_threads(self) -> int:
+        """How many files run side by side. More than the workers would only queue shards, and each file
+        also costs this process a thread that reads the file to plan it and logs its MLflow run: auto is
+        bounded by both."""
+        if self.files_at_once != AUTO:
+            return self.files_at_once
+        cores = usable_cores()
+        return cores if self.dask_address else min(cores, self.dask_workers)
 
 
 @contextmanager
@@ -112,6 +142,9 @@ def dask_cluster(request: LabelRequest) -> Iterator[str]:
 
 _LABELLERS: dict[tuple, Any] = {}
 """One loaded model and parser per worker process, shared by the shards that worker labels."""
+_LABELLERS_LOCK = threading.Lock()
+"""plan-shards runs in the flow's own process, where files side by side would otherwise load the
+same model and parser twice at once."""
 
 
 def _labeller(model: str, settings) -> Any:
@@ -120,9 +153,10 @@ def _labeller(model: str, settings) -> Any:
 
     settings = settings.replace(parsing={"workers": 1})
     key = (model, repr(settings))
-    if key not in _LABELLERS:
-        _LABELLERS[key] = Labeller(model, settings)
-    return _LABELLERS[key]
+    with _LABELLERS_LOCK:
+        if key not in _LABELLERS:
+            _LABELLERS[key] = Labeller(model, settings)
+        return _LABELLERS[key]
 
 
 class PlannedFile(NamedTuple):
@@ -218,19 +252,14 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
 
 @flow(name="label-pairs", log_prints=True)
 def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]] | State:
-    """Label the inbox's new and previously failed files; returns this run's entries of the index, or,
-    when any file failed, ends Failed with a FilesFailed that holds them (the artifact lists every file)."""
+    """Label the inbox's new and previously failed files, `request.files_at_once` side by side (each a
+    label-file subflow); returns this run's entries of the index, or, when any file failed, ends Failed with a
+    FilesFailed that holds them (the artifact lists every file)."""
     request = request or LabelRequest()
     request.outbox.mkdir(parents=True, exist_ok=True)
     index = read_index(request.outbox)
-    entries = {}
     pending = pending_files(request.inbox, index)
-    if pending:
-        with dask_cluster(request) as address:
-            for path in pending:
-                entries[path.name] = _label_one(path, request, address)
-                index[path.name] = entries[path.name]
-                write_index(request.outbox, index)
+    entries = _label_pending(pending, request, index) if pending else {}
     described = f"{len(entries)} inbox files labelled or retried"
     create_table_artifact(labelled_file_rows(entries), key=LABELLING_RUN_KEY, description=described)
     failed = [name for name, entry in entries.items() if entry["status"] == FAILED]
@@ -240,21 +269,37 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
     return entries
 
 
+def _label_pending(pending: list[Path], request: LabelRequest, index: dict[str, dict]) -> dict[str, dict[str, Any]]:
+    """Label the files side by side on one cluster. Each file's entry goes into the index as it ends, written
+    here in the flow's own thread, so a killed run keeps every finished file's entry; the entries come back in
+    the inbox's order, not the finishing order."""
+    entries = {}
+    with dask_cluster(request) as address:
+        label = partial(_label_one, request=request, address=address)
+        for path, entry in side_by_side(label, pending, request.file_threads()):
+            entries[path.name] = index[path.name] = entry
+            write_index(request.outbox, index)
+    return {path.name: entries[path.name] for path in pending}
+
+
 def _label_one(path: Path, request: LabelRequest, address: str) -> dict[str, Any]:
-    """Label one file under its own Dask-backed subflow; a failure is recorded, not raised."""
-    entry = {"sha256": file_digest(path, "sha256"), "started_at": _now()}
+    """Label one file (in a thread of its own, beside other files); a failure is recorded, not raised, so
+    the files beside it go on: the subflow's, or one before it (a file gone from the inbox has no digest)."""
+    entry = {"sha256": None, "started_at": _now()}
     start = time.perf_counter()
-    runner = DaskTaskRunner(address=address)
-    state = label_file.with_options(task_runner=runner, flow_run_name=f"label-{path.name}")(
-        path, request, return_state=True
-    )
-    entry["seconds"] = round(time.perf_counter() - start, 3)
-    if state.is_completed():
-        entry.update(status=DONE, **state.result())
-    else:
-        error = state.result(raise_on_failure=False)
+    try:
+        entry["sha256"] = file_digest(path, "sha256")
+        entry.update(status=DONE, **_label_subflow(path, request, address))
+    except Exception as error:  # recorded in the index and the run's artifact; the file is retried next run
         entry.update(status=FAILED, error=f"{type(error).__name__}: {one_line(error)}")
+    entry["seconds"] = round(time.perf_counter() - start, 3)
     return entry
+
+
+def _label_subflow(path: Path, request: LabelRequest, address: str) -> dict[str, Any]:
+    """label_file as a subflow of this run, its shards on the cluster at `address`; raises what it raised."""
+    runner = DaskTaskRunner(address=address)
+    return label_file.with_options(task_runner=runner, flow_run_name=f"label-{path.name}")(path, request)
 
 
 def pending_files(inbox: Path, index: dict[str, dict]) -> list[Path]:

@@ -8,18 +8,26 @@ leaves its predictions, an index entry, a Prefect artifact row and an MLflow run
 from __future__ import annotations
 
 import json
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
 
-from flows.label_pairs import DONE, FAILED, LabelRequest, read_index
+from flows.label_pairs import DONE, FAILED, LabelRequest, read_index, write_index
 from spinn.data.schema import LABELS
+from spinn.data.sentence_pairs import read_input_pairs
+from spinn.labeling import spread
 from spinn.labeling.track import LABELING_EXPERIMENT
 from tests.test_label import smoke_pairs, stanza_dir, write_rows
 
 pytestmark = pytest.mark.slow
 
 SHARD_SIZE = 20
+MEETING_S = 30.0
+"""How long a file labelled side by side waits for the other to begin: Prefect's client retries a start that its
+SQLite server refused as locked (503) after about 2 s; only a run that labels one file at a time waits it out."""
 
 
 @pytest.fixture
@@ -28,7 +36,14 @@ def request_for(smoke_model, smoke_store, tmp_path, prefect_api):
     experiment's artifacts go to its ./mlruns, not into the checkout."""
     (tmp_path / "inbox").mkdir()
 
-    def make(dask_workers: int = 2, model: str | None = None, **overrides) -> LabelRequest:
+    def make(
+        dask_workers: int = 2,
+        model: str | None = None,
+        outbox: str = "labelled",
+        files_at_once: int | str = "auto",
+        dask_address: str | None = None,
+        **overrides,
+    ) -> LabelRequest:
         settings = {
             "shard_size": SHARD_SIZE,
             "device": "cpu",
@@ -37,10 +52,12 @@ def request_for(smoke_model, smoke_store, tmp_path, prefect_api):
         }
         return LabelRequest(
             inbox=tmp_path / "inbox",
-            outbox=tmp_path / "labelled",
+            outbox=tmp_path / outbox,
             model=model or smoke_model.registered,
             settings=settings,
             dask_workers=dask_workers,
+            files_at_once=files_at_once,
+            dask_address=dask_address,
         )
 
     return make
@@ -161,3 +178,114 @@ def test_the_parser_reported_is_the_one_the_labeller_resolved(smoke_model, rl_ch
     )
     assert [run.data.params["parser"] for run in runs] == ["model"]
     assert run_table(state)["pairs.csv"]["parser"] == "model"
+
+
+@pytest.fixture
+def dask_address() -> Iterator[str]:
+    """One two-worker cluster for both runs of a test: each run pays no cluster start, the second none of the
+    workers' model loading."""
+    from distributed import LocalCluster
+
+    from flows.label_pairs import LOOPBACK
+
+    with LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host=LOOPBACK, dashboard_address=None
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
+def test_inbox_files_are_labelled_side_by_side_as_they_are_one_at_a_time(
+    smoke_model, rl_checkpoint, request_for, dask_address, tmp_path
+):
+    """Issue 24, item 8. Side by side, each good file's labelling waits, once it has begun, for the other's to
+    begin too (one at a time, the first would wait in vain and fail), so Prefect's own records show the two
+    subflows running at once; only the flow's thread writes the index, a bad file beside them still fails
+    alone, each MLflow run holds its own file, and the labels are those of a run that takes one file at a
+    time."""
+    import flows.label_pairs as label_flow
+
+    rows = smoke_pairs(smoke_model, 8)
+    write_rows(tmp_path / "inbox" / "first.csv", rows[:5])
+    write_rows(tmp_path / "inbox" / "second.jsonl", rows[5:])
+    (tmp_path / "inbox" / "bad.jsonl").write_text(json.dumps({"text": rows[0]["premise"]}) + "\n", encoding="utf-8")
+    good = ("first.csv", "second.jsonl")
+    meeting = threading.Barrier(len(good), timeout=MEETING_S)
+
+    def read_once_both_began(path, *args):
+        """The first step of labelling a file: counting its rows to spread them. Patched in spinn.labeling.spread,
+        not in the flow's module: Dask pickles label_file's function by value with that module's globals, and
+        a barrier cannot be pickled."""
+        if path.name in good:
+            meeting.wait()
+        return read_input_pairs(path, *args)
+
+    def run(outbox: str, files_at_once: int):
+        request = request_for(
+            model=str(rl_checkpoint),
+            parser="auto",
+            outbox=outbox,
+            files_at_once=files_at_once,
+            dask_address=dask_address,
+        )
+        return label_good_and_bad(request, good)
+
+    index_writers = []
+
+    def write_index_noting_the_thread(outbox, index):
+        index_writers.append(threading.current_thread())
+        write_index(outbox, index)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(spread, "read_input_pairs", read_once_both_began)
+        patch.setattr(label_flow, "write_index", write_index_noting_the_thread)
+        side_by_side, labels = run("together", files_at_once=3)
+    assert index_writers == [threading.current_thread()] * 3  # the flow's own thread, once as each file ends
+    one_at_a_time, sequential_labels = run("one-by-one", files_at_once=1)
+
+    assert overlapping(file_runs(side_by_side, good)) and not overlapping(file_runs(one_at_a_time, good))
+    assert labels == sequential_labels
+    assert [row["pair_id"] for name in good for row in labels[name]] == [row["id"] for row in rows]
+    assert labelled_per_run(tmp_path / "together") == {"first.csv": 5, "second.jsonl": 3}
+
+
+def label_good_and_bad(request: LabelRequest, good: tuple[str, ...]) -> tuple[Any, dict[str, list[dict]]]:
+    """Run label-pairs on an inbox of the `good` files and bad.jsonl: the run fails for bad.jsonl alone, and the
+    good files are labelled; returns its state and each good file's output rows."""
+    from flows.label_pairs import label_pairs
+
+    state = label_pairs(request, return_state=True)
+    assert state.is_failed() and state.message == "1 of 3 files failed (retried on the next run): bad.jsonl"
+    entries = state.result(raise_on_failure=False).entries
+    assert list(entries) == ["bad.jsonl", *good] and "no premise column" in entries["bad.jsonl"]["error"]
+    assert {name: entries[name]["status"] for name in good} == dict.fromkeys(good, DONE), entries
+    assert {name: read_index(request.outbox)[name]["status"] for name in good} == dict.fromkeys(good, DONE)
+    return state, {name: pq.read_table(request.outbox / f"{name}.labels.parquet").to_pylist() for name in good}
+
+
+def labelled_per_run(outbox) -> dict[str, float]:
+    """Input name -> `labelled` of each MLflow labelling run whose output is in `outbox`."""
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=[LABELING_EXPERIMENT], output_format="list")
+    return {
+        run.data.params["input"]: run.data.metrics["labelled"]
+        for run in runs
+        if run.data.params["output"].startswith(str(outbox))
+    }
+
+
+def file_runs(state, names: tuple[str, ...]) -> list[tuple]:
+    """(start, end) of each named file's label-file subflow run under this label-pairs run, from Prefect."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    parent = FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])
+    with get_client(sync_client=True) as client:
+        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=parent))
+    spans = {run.name: (run.start_time, run.end_time) for run in runs}
+    return [spans[f"label-{name}"] for name in names]
+
+
+def overlapping(spans: list[tuple]) -> bool:
+    """Some instant lies inside every span: the last start comes before the first end."""
+    return max(start for start, _ in spans) < min(end for _, end in spans)

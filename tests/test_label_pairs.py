@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from flows.label_pairs import LabelRequest
 from spinn.parsing.settings import DEFAULT_CACHE_PATH
 
@@ -77,3 +79,21 @@ def test_dask_workers_parse_in_their_own_process():
         assert labeller.settings.parsing.workers == 1 and labeller.settings.threads == settings.threads
     finally:
         _LABELLERS.clear()
+
+
+def test_files_side_by_side_are_bounded_by_the_workers_and_this_machines_cores(tmp_path, monkeypatch):
+    """auto: as many files as the local cluster has workers, at most this machine's usable cores; with an
+    existing cluster (its size unknown here) the cores alone; a number is taken as it is."""
+    import flows.label_pairs as label_flow
+
+    monkeypatch.setattr(label_flow, "usable_cores", lambda: 3)
+
+    def threads(**fields) -> int:
+        return LabelRequest(inbox=tmp_path, outbox=tmp_path, **fields).file_threads()
+
+    assert [threads(dask_workers=workers) for workers in (1, 2, 3, 8)] == [1, 2, 3, 3]
+    assert threads(dask_workers=1, dask_address="tcp://10.0.0.5:8786") == 3
+    assert threads(dask_workers=8, files_at_once=5) == 5
+    for wrong in (0, "many"):
+        with pytest.raises(ValueError, match="files_at_once"):
+            threads(files_at_once=wrong)
