@@ -2,8 +2,9 @@
 # Issue 21's speed figures for labelling without a parser, each timed end to end (process start to exit) with
 # /usr/bin/time: wall seconds, CPU seconds (user + sys) and peak RSS.
 #
-#   1. the model's own trees (--parser model) against Stanza trees on the same PAIRS_SMALL raw SNLI test pairs,
-#      alternating, ROUNDS times each: medians and the ratio;
+#   1. the model's own trees (--parser model) against Stanza trees on the same PAIRS_SMALL raw SNLI test pairs
+#      (one size, or several separated by commas: 1000,10000), alternating, ROUNDS times each: medians and the
+#      ratio;
 #   2. --parser model on PAIRS raw SNLI test pairs (all 10,000 by default): median wall, pairs/s;
 #   3. peak RSS of --parser model on 20,000 and on 200,000 pairs (SNLI test repeated under new ids);
 #   4. --int8 on the PAIRS pairs: its time, and how often its labels and trees agree with fp32's;
@@ -31,10 +32,11 @@ trap 'rm -rf "$work"' EXIT
 "$python" - "$shared/data/snli/snli_1.0_test.jsonl.gz" "$work" "$pairs" "$small" <<'EOF'
 import csv, gzip, json, sys
 
-source, folder, pairs, small = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+source, folder, pairs, small = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 with gzip.open(source, "rt", encoding="utf-8") as lines:
     records = [json.loads(line) for line in lines]
-for name, count in (("small", small), ("pairs", pairs), ("20k", 20_000), ("200k", 200_000)):
+sizes = [(f"small{n}", int(n)) for n in small.split(",")]
+for name, count in (*sizes, ("pairs", pairs), ("20k", 20_000), ("200k", 200_000)):
     with open(f"{folder}/{name}.csv", "w", newline="", encoding="utf-8") as out:
         writer = csv.writer(out)
         writer.writerow(["pairID", "sentence1", "sentence2", "gold_label"])
@@ -57,27 +59,29 @@ timed() {
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2) ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
 
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cpus; model $model; options: ${extra[*]:-none}"
-: >"$work/model.txt"
-: >"$work/stanza.txt"
-: >"$work/model_cpu.txt"
-: >"$work/stanza_cpu.txt"
-for round in $(seq "$rounds"); do
-  read -r wall cpu rss < <(timed small model "${extra[@]}")
-  echo "$wall" >>"$work/model.txt"
-  echo "$cpu" >>"$work/model_cpu.txt"
-  echo "round $round: model  $small pairs: wall ${wall} s, cpu ${cpu} s, peak RSS ${rss} MiB"
-  read -r wall cpu rss < <(timed small stanza)
-  echo "$wall" >>"$work/stanza.txt"
-  echo "$cpu" >>"$work/stanza_cpu.txt"
-  echo "round $round: stanza $small pairs: wall ${wall} s, cpu ${cpu} s, peak RSS ${rss} MiB"
+for size in ${small//,/ }; do
+  : >"$work/model.txt"
+  : >"$work/stanza.txt"
+  : >"$work/model_cpu.txt"
+  : >"$work/stanza_cpu.txt"
+  for round in $(seq "$rounds"); do
+    read -r wall cpu rss < <(timed "small$size" model "${extra[@]}")
+    echo "$wall" >>"$work/model.txt"
+    echo "$cpu" >>"$work/model_cpu.txt"
+    echo "round $round: model  $size pairs: wall ${wall} s, cpu ${cpu} s, peak RSS ${rss} MiB"
+    read -r wall cpu rss < <(timed "small$size" stanza)
+    echo "$wall" >>"$work/stanza.txt"
+    echo "$cpu" >>"$work/stanza_cpu.txt"
+    echo "round $round: stanza $size pairs: wall ${wall} s, cpu ${cpu} s, peak RSS ${rss} MiB"
+  done
+  model_median=$(median <"$work/model.txt")
+  stanza_median=$(median <"$work/stanza.txt")
+  awk -v m="$model_median" -v s="$stanza_median" -v n="$size" 'BEGIN {
+    printf "%d pairs, median end to end: model %.2f s (%.0f pairs/s), stanza %.2f s (%.0f pairs/s): %.1fx\n",
+      n, m, n / m, s, n / s, s / m }'
+  awk -v m="$(median <"$work/model_cpu.txt")" -v s="$(median <"$work/stanza_cpu.txt")" \
+    'BEGIN { printf "median CPU seconds: model %.2f, stanza %.2f: %.1fx\n", m, s, s / m }'
 done
-model_median=$(median <"$work/model.txt")
-stanza_median=$(median <"$work/stanza.txt")
-awk -v m="$model_median" -v s="$stanza_median" -v n="$small" 'BEGIN {
-  printf "%d pairs, median end to end: model %.2f s (%.0f pairs/s), stanza %.2f s (%.0f pairs/s): %.1fx\n",
-    n, m, n / m, s, n / s, s / m }'
-awk -v m="$(median <"$work/model_cpu.txt")" -v s="$(median <"$work/stanza_cpu.txt")" \
-  'BEGIN { printf "median CPU seconds: model %.2f, stanza %.2f: %.1fx\n", m, s, s / m }'
 
 : >"$work/big.txt"
 for round in $(seq "$rounds"); do
