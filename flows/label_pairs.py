@@ -50,7 +50,7 @@ from flows.threads import side_by_side
 from spinn.data.sentence_pairs import readable_suffixes
 from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
-from spinn.labeling.settings import LabelSettings
+from spinn.labeling.settings import LabelSettings, model_threads
 from spinn.labeling.shards import hold_output
 from spinn.labeling.spread import spread_over
 from spinn.labeling.track import label_metrics, log_label_run
@@ -109,6 +109,16 @@ class LabelRequest(BaseModel):
             return LabelSettings.build(self.settings.model_dump(exclude_none=True))
         except SpinnError as error:
             raise ValueError(str(error)) from None
+
+    def worker_settings(self) -> LabelSettings:
+        """The label settings the Dask workers run. On the local cluster an auto `threads` is this machine's
+        usable cores split among its workers (several workers' threads on the same cores wait on each
+        other); a given cluster's workers decide auto on their own machine, so give `threads` there when a
+        machine runs several workers."""
+        settings = self.label_settings()
+        if self.dask_address or settings.threads != AUTO:
+            return settings
+        return settings.replace(threads=model_threads(AUTO, self.dask_workers))
 
     def file_threads(self) -> int:
         """How many files run side by side. More than the workers would only queue shards, and each file
@@ -224,7 +234,7 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
     output is this run's alone meanwhile (`hold_output`: a `spinn label` on it is refused, and this run is if
     one holds it)."""
     started = time.perf_counter()
-    settings = spread_over(request.label_settings(), input_path, request.dask_workers)
+    settings = spread_over(request.worker_settings(), input_path, request.dask_workers)
     output = request.outbox / output_name(input_path)
     with hold_output(output):
         planned = plan_task(input_path, output, request.model, settings)
@@ -233,6 +243,8 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
         results = [future.result() for future in futures]
         summary = merge_task(plan, results, planned.model_name, planned.parser)
     summary.dev_shares, summary.seconds = planned.dev_shares, time.perf_counter() - started
+    if settings.threads != AUTO:
+        summary.model_threads = settings.threads
     tracked = log_label_run(summary, settings) if request.track else None
     return {
         "output": str(summary.output),

@@ -97,3 +97,19 @@ def test_files_side_by_side_are_bounded_by_the_workers_and_this_machines_cores(t
     for wrong in (0, "many"):
         with pytest.raises(ValueError, match="files_at_once"):
             threads(files_at_once=wrong)
+
+
+def test_the_local_clusters_workers_split_this_machines_cores_for_the_model(tmp_path, monkeypatch):
+    """auto threads on the local cluster: the usable cores divided among its workers, at least one each (two
+    workers with two threads each on two cores wait on each other); a number is kept; a given cluster's
+    workers decide auto on their own machine."""
+    from spinn.labeling import settings as label_settings
+
+    monkeypatch.setattr(label_settings, "usable_cores", lambda: 8)
+
+    def threads(**fields) -> int | str:
+        return LabelRequest(inbox=tmp_path, outbox=tmp_path, **fields).worker_settings().threads
+
+    assert [threads(dask_workers=workers) for workers in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    assert threads(dask_workers=2, settings={"threads": 3}) == 3
+    assert threads(dask_workers=2, dask_address="tcp://10.0.0.5:8786") == "auto"
