@@ -44,6 +44,7 @@ CONCURRENT_ROWS = 300
 REJECT_TYPES = {
     "file": str,
     "line": int,
+    "pair_id": (str, NoneType),  # None: the row's id could not be read (not JSON, no id value)
     "row": int,
     "field": (str, NoneType),  # None: the row as a whole is bad (not JSON, wrong field count)
     "reason": str,
@@ -267,6 +268,30 @@ def test_bad_rows_are_listed_with_reasons_while_good_rows_are_labelled(smoke_mod
     assert all(is_reject_record(r) for r in rejects)  # the reader's rejects and the parser's alike
     assert [row["pair_id"] for row in read_output(tmp_path / "out.parquet")] == [r["id"] for r in good[:3]]
     assert summary.rows == len(lines) == summary.labelled + summary.rejected
+
+
+def test_every_reject_names_its_pair_id_at_the_top_level(smoke_model, tmp_path):
+    """The reader's rejects and the tokenizer's (too many tokens) alike: `jq .pair_id` joins them to the input."""
+    good = smoke_pairs(smoke_model, 2)
+    lines = [
+        json.dumps(good[0]),
+        '{"id": "broken", "premise": ',  # not JSON: no id to name
+        json.dumps({"id": "long", "premise": " ".join(["dog"] * 40) + " .", "hypothesis": "A dog runs ."}),
+        json.dumps({"id": "nohyp", "premise": "A dog runs ."}),
+        json.dumps({**good[1], "id": good[0]["id"]}),  # a duplicate names the id it repeats
+    ]
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    chosen = settings(tmp_path, parser="model").replace(parsing={"max_tokens": 20})
+    label(source, smoke_model.checkpoint, tmp_path / "out.parquet", chosen)
+    rejects = [json.loads(line) for line in rejects_file(tmp_path / "out.parquet").read_text().splitlines()]
+    assert [(r["reason"], r["pair_id"]) for r in rejects] == [
+        ("malformed_json", None),
+        ("too_long", "long"),
+        ("missing_field", "nohyp"),
+        ("duplicate_id", good[0]["id"]),
+    ]
+    assert all(is_reject_record(r) for r in rejects)
 
 
 def test_sentences_whose_tree_the_model_builds_reach_it_as_tokens_only(smoke_model, tmp_path, monkeypatch):

@@ -1,9 +1,12 @@
 """Why an input row was not used: the reasons, the record that says so, and the exception that carries one.
 
 Every reader (SNLI-format corpora, new sentence pairs, the parser) turns a bad
-row into a `Reject` naming the file, line, field and reason, written to a
-rejects file beside the output while the good rows go on; nothing is dropped
-silently. The reason values are what users find in those files.
+row into a `Reject` naming the file, line, pair id, field and reason, written
+to a rejects file beside the output while the good rows go on; nothing is
+dropped silently. The reason values are what users find in those files. The
+pair id is a top-level field of every record (null when the row has none), so
+rejects join back to the input and to the outputs' `pair_id` column (`jq
+.pair_id`) without parsing the raw line.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 
 class RejectReason(str, Enum):
@@ -40,12 +44,15 @@ class Reject:
     field: str | None
     message: str
     raw: str
+    pair_id: str | None = None
+    """The row's id as the output's `pair_id` column would hold it; None when the row has no readable id."""
 
     def to_dict(self) -> dict[str, str | int | None]:
         """The record as rejects files hold it (the reason as its value), for callers that add to it."""
         return {
             "file": self.file,
             "line": self.line,
+            "pair_id": self.pair_id,
             "reason": self.reason.value,
             "field": self.field,
             "message": self.message,
@@ -55,6 +62,14 @@ class Reject:
     def to_json(self) -> str:
         """One line of a rejects file; text stays as written (not \\u-escaped), since people read these files."""
         return json.dumps(self.to_dict(), ensure_ascii=False)
+
+
+def readable_id(value: Any) -> str | None:
+    """A row's id value as the readers accept one (a non-empty string or integer, stripped), else None: a
+    reject names the id when the row has one, even when the row is rejected for that id (a duplicate)."""
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return str(value).strip() or None
 
 
 class RecordProblem(Exception):
