@@ -42,7 +42,7 @@ from spinn.data.corpus import (
     read_record,
 )
 from spinn.data.limits import DEFAULT_MAX_TOKENS
-from spinn.data.rejects import RecordProblem, Reject, RejectReason, readable_id
+from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.data.split_files import prepared_files, with_partner
 from spinn.errors import SpinnError
@@ -363,5 +363,4 @@ def _convert(record, line: int, raw: str, source: str, trees: TreeSource, max_to
             return pair_from_record(record, line, trees, max_tokens)
         except RecordProblem as raised:
             problem = raised
-    pair_id = readable_id(record.get(ID_FIELD)) if isinstance(record, dict) else None
-    return Reject(source, line, problem.reason, problem.field, str(problem), raw, pair_id)
+    return Reject.of(problem, source, line, raw, reject_pair_id(record, ID_FIELD, line))

@@ -12,6 +12,7 @@ rejects join back to the input and to the outputs' `pair_id` column (`jq
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -59,14 +60,23 @@ class Reject:
             "raw": self.raw,
         }
 
+    @classmethod
+    def of(cls, problem: RecordProblem, file: str, line: int, raw: str, pair_id: str | None) -> Reject:
+        """The reject of a row whose reading raised `problem`."""
+        return cls(file, line, problem.reason, problem.field, str(problem), raw, pair_id)
+
     def to_json(self) -> str:
         """One line of a rejects file; text stays as written (not \\u-escaped), since people read these files."""
         return json.dumps(self.to_dict(), ensure_ascii=False)
 
 
-def readable_id(value: Any) -> str | None:
-    """A row's id value as the readers accept one (a non-empty string or integer, stripped), else None: a
-    reject names the id when the row has one, even when the row is rejected for that id (a duplicate)."""
+def reject_pair_id(values: Mapping[str, Any] | Exception, column: str | None, row: int) -> str | None:
+    """The id a rejected row's output row would have had: its id value as the readers accept one (a non-empty
+    string or integer, stripped), the row number when the file has no id column (the readers' id then),
+    None when the row could not be read (`values` is the problem) or its id is missing or unreadable."""
+    if column is None:
+        return str(row)
+    value = values.get(column) if isinstance(values, Mapping) else None
     if isinstance(value, bool) or not isinstance(value, str | int):
         return None
     return str(value).strip() or None

@@ -37,7 +37,7 @@ from pydantic import Field
 
 from spinn.data.column_sidecar import sidecar_columns, sidecar_path
 from spinn.data.limits import DEFAULT_MAX_TOKENS, check_length, max_chars
-from spinn.data.rejects import RecordProblem, Reject, RejectReason, readable_id
+from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
 from spinn.settings import Settings
@@ -244,18 +244,9 @@ def _pair_or_reject(path: Path, columns: Columns, row: _Row, seen: set[str], lim
         if pair_id in seen:
             raise RecordProblem(RejectReason.DUPLICATE_ID, columns.id, f"id {pair_id!r} was seen earlier in the file")
     except RecordProblem as problem:
-        reject_id = _reject_id(row, columns.id)
-        return Reject(str(path), row.line, problem.reason, problem.field, str(problem), row.raw, reject_id)
+        return Reject.of(problem, str(path), row.line, row.raw, reject_pair_id(row.values, columns.id, row.row))
     seen.add(pair_id)
     return InputPair(row.row, row.line, pair_id, premise, hypothesis, label)
-
-
-def _reject_id(row: _Row, column: str | None) -> str | None:
-    """The id a rejected row's output row would have had: its id value, the row number in a file without ids,
-    None when the row could not be read or its id is missing or unreadable."""
-    if column is None:
-        return str(row.row)
-    return None if isinstance(row.values, RecordProblem) else readable_id(row.values.get(column))
 
 
 def _present(values: Mapping[str, Any], column: str) -> Any:
