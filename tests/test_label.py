@@ -554,6 +554,29 @@ def test_a_second_run_on_the_same_output_is_refused_at_once_naming_the_first(smo
     assert_every_row_once_in_order(output, rows)
 
 
+def test_a_run_killed_before_its_publish_is_finished_by_a_rerun_that_then_clears_its_shards(smoke_model, tmp_path):
+    """kill -9 while shards are being labelled (no Stanza: the model builds its trees): the parts folder is
+    what the rerun resumes from, and it goes once the rerun has published every row once."""
+    rows = many_pairs(smoke_model, CONCURRENT_ROWS)
+    source = write_rows(tmp_path / "pairs.jsonl", rows)
+    output = tmp_path / "out.parquet"
+    command = model_label_command(source, output, smoke_model, shard_size=5)
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=one_thread())
+    deadline = time.monotonic() + LABEL_TIMEOUT_S
+    while not list(parts_folder(output).glob("labels-*.parquet")):
+        assert first.poll() is None, first.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert not output.exists() and (parts_folder(output) / "plan.json").is_file()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, env=one_thread())
+    assert again.returncode == 0, again.stderr
+    assert " 0 reused" not in again.stdout
+    assert_every_row_once_in_order(output, rows)
+    assert not parts_folder(output).exists()
+
+
 def test_two_runs_started_together_never_mix_their_shards(smoke_model, tmp_path):
     """The issue's case: the same input and output, shard sizes 5 and 50, started at the same moment."""
     rows = many_pairs(smoke_model, CONCURRENT_ROWS)
