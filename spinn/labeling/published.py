@@ -31,7 +31,7 @@ from spinn.labeling.summary import LabelSummary, PredictionCounts
 
 RECORD_SUFFIX = ".run.json"
 RECORD_VERSION = 1
-_COUNTS = ("rows", "labelled", "rejected", "shards", "reasons", "tokens", "unknown_tokens", "input_sha256")
+_KEPT_AS_IS = ("rows", "labelled", "rejected", "shards", "reasons", "tokens", "unknown_tokens", "input_sha256")
 """The summary's fields the record keeps as they are (the rest are paths, names or the prediction counts)."""
 
 
@@ -51,7 +51,7 @@ def record_text(summary: LabelSummary, fingerprint: dict, written: Path, rejects
         "model": summary.model,
         "parser": summary.parser,
         "input": None if summary.input is None else str(summary.input),
-        **{name: getattr(summary, name) for name in _COUNTS},
+        **{name: getattr(summary, name) for name in _KEPT_AS_IS},
         "labels": dict(summary.predicted.labels),
         "top_probability_sum": summary.predicted.top_probability_sum,
     }
@@ -96,7 +96,7 @@ def _still_published(record: dict, output: Path, rejects: Path) -> bool:
 
 def _summary(record: dict, output: Path, rejects: Path) -> LabelSummary:
     """The first run's summary as this run reports it: every shard reused, no work done in this run."""
-    counts = {name: record[name] for name in _COUNTS}
+    kept = {name: record[name] for name in _KEPT_AS_IS}
     predicted = PredictionCounts(Counter(record["labels"]), record["top_probability_sum"])
     input_path = None if record["input"] is None else Path(record["input"])
     return LabelSummary(
@@ -110,5 +110,5 @@ def _summary(record: dict, output: Path, rejects: Path) -> LabelSummary:
         input=input_path,
         predicted=predicted,
         published_before=True,
-        **counts,
+        **kept,
     )
