@@ -13,6 +13,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -44,6 +45,7 @@ CONCURRENT_ROWS = 300
 REJECT_TYPES = {
     "file": str,
     "line": int,
+    "pair_id": (str, NoneType),  # None: the row's id could not be read (not JSON, no id value)
     "row": int,
     "field": (str, NoneType),  # None: the row as a whole is bad (not JSON, wrong field count)
     "reason": str,
@@ -269,6 +271,30 @@ def test_bad_rows_are_listed_with_reasons_while_good_rows_are_labelled(smoke_mod
     assert summary.rows == len(lines) == summary.labelled + summary.rejected
 
 
+def test_every_reject_names_its_pair_id_at_the_top_level(smoke_model, tmp_path):
+    """The reader's rejects and the tokenizer's (too many tokens) alike: `jq .pair_id` joins them to the input."""
+    good = smoke_pairs(smoke_model, 2)
+    lines = [
+        json.dumps(good[0]),
+        '{"id": "broken", "premise": ',  # not JSON: no id to name
+        json.dumps({"id": "long", "premise": " ".join(["dog"] * 40) + " .", "hypothesis": "A dog runs ."}),
+        json.dumps({"id": "nohyp", "premise": "A dog runs ."}),
+        json.dumps({**good[1], "id": good[0]["id"]}),  # a duplicate names the id it repeats
+    ]
+    source = tmp_path / "pairs.jsonl"
+    source.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    chosen = settings(tmp_path, parser="model").replace(parsing={"max_tokens": 20})
+    label(source, smoke_model.checkpoint, tmp_path / "out.parquet", chosen)
+    rejects = [json.loads(line) for line in rejects_file(tmp_path / "out.parquet").read_text().splitlines()]
+    assert [(r["reason"], r["pair_id"]) for r in rejects] == [
+        ("malformed_json", None),
+        ("too_long", "long"),
+        ("missing_field", "nohyp"),
+        ("duplicate_id", good[0]["id"]),
+    ]
+    assert all(is_reject_record(r) for r in rejects)
+
+
 def test_sentences_whose_tree_the_model_builds_reach_it_as_tokens_only(smoke_model, tmp_path, monkeypatch):
     """With parser `model` no sentence has a parse: the model gets its tokens and no stand-in tree (nothing
     it could read by mistake), and every recorded tree is over exactly the sentence's tokens."""
@@ -360,14 +386,108 @@ def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path, 
     rejected = [json.loads(line)["row"] for line in rejects_file(output).read_text().splitlines()]
     assert rejected == [8]
     assert labelled == [row["id"] for index, row in enumerate(rows) if index != 7]
+    assert not parts_folder(output).exists()  # what the resume needed goes once the output is published
 
 
-def test_resuming_with_other_arguments_is_refused(smoke_model, tmp_path):
+def stop_before_the_merge(monkeypatch) -> None:
+    """The next label run stops once every shard is labelled, before its merge publishes anything: its parts
+    folder keeps the plan and every shard, as a run killed at that moment leaves it."""
+    import spinn.labeling.label as label_module
+
+    def stopped(*args, **kwargs):
+        raise SpinnError("stopped before the merge")
+
+    monkeypatch.setattr(label_module, "merge_shards", stopped)
+
+
+def test_resuming_with_other_arguments_is_refused(smoke_model, tmp_path, monkeypatch):
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 10))
+    output = tmp_path / "out.parquet"
+    with monkeypatch.context() as patched, pytest.raises(SpinnError, match="stopped before the merge"):
+        stop_before_the_merge(patched)
+        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=4))
+    with pytest.raises(SpinnError, match="holds shards of another run .*shard_size"):
+        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=5))
+
+
+def test_a_published_output_is_not_replaced_by_a_run_with_other_arguments(smoke_model, tmp_path):
+    """Its shards are gone, but its record keeps the arguments: refused as a resume with other ones is."""
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 10))
     output = tmp_path / "out.parquet"
     label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=4))
-    with pytest.raises(SpinnError, match="holds shards of another run .*shard_size"):
+    before = output.read_bytes()
+    refused = re.escape(f"{output}: holds the labels of another run (different shard_size")
+    with pytest.raises(SpinnError, match=refused):
         label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=5))
+    assert output.read_bytes() == before
+
+
+# ----------------------------------------------------------------------------- after the publish
+
+
+def published_files(output: Path) -> list[str]:
+    return sorted(path.name for path in output.parent.iterdir() if path.name.startswith(output.stem))
+
+
+def test_a_published_output_keeps_no_shards_and_rerun_as_it_was_does_nothing(smoke_model, tmp_path, monkeypatch):
+    """The parts folder held a second copy of every row; the record beside the output stays instead, and
+    the same command again changes nothing, labels nothing and reports the first run's counts."""
+    import spinn.labeling.label as label_module
+
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 30))
+    output = tmp_path / "out.parquet"
+    chosen = settings(tmp_path, parser="model", shard_size=10)
+    first = label(source, smoke_model.checkpoint, output, chosen)
+    assert not parts_folder(output).exists()
+    assert published_files(output) == ["out.parquet", "out.rejects.jsonl", "out.run.json"]
+    published = output.stat()
+
+    def no_labelling(*args, **kwargs):
+        raise AssertionError("a finished output was labelled again")
+
+    monkeypatch.setattr(label_module, "label_shards", no_labelling)
+    again = label(source, smoke_model.checkpoint, output, chosen)
+    assert (output.stat().st_ino, output.stat().st_mtime_ns) == (published.st_ino, published.st_mtime_ns)
+    assert again.published_before and again.shards_reused == again.shards == first.shards == 3
+    figures = ("rows", "labelled", "rejected", "reasons", "label_shares", "mean_top_probability", "oov_share")
+    assert [getattr(again, name) for name in figures] == [getattr(first, name) for name in figures]
+    assert again.model == first.model and again.input_sha256 == first.input_sha256
+    assert any(line.startswith("nothing to do: ") for line in again.report())
+    assert not parts_folder(output).exists()
+
+
+def test_a_deleted_output_is_labelled_again_from_the_start(smoke_model, tmp_path):
+    rows = smoke_pairs(smoke_model, 20)
+    source = write_rows(tmp_path / "pairs.csv", rows)
+    output = tmp_path / "out.parquet"
+    label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
+    output.unlink()
+    again = label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
+    assert not again.published_before and again.shards_reused == 0
+    assert_every_row_once_in_order(output, rows)
+
+
+def test_a_run_killed_after_its_publish_leaves_a_rerun_nothing_but_clearing_its_shards(
+    smoke_model, tmp_path, monkeypatch
+):
+    """Killed between the publish (output, rejects and record at once) and emptying the parts folder."""
+    import spinn.labeling.shards as shards_module
+
+    rows = smoke_pairs(smoke_model, 20)
+    source = write_rows(tmp_path / "pairs.csv", rows)
+    output = tmp_path / "out.parquet"
+    chosen = settings(tmp_path, parser="model", shard_size=10)
+
+    def killed(parts):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
+        patched.setattr(shards_module, "clear_parts", killed)
+        label(source, smoke_model.checkpoint, output, chosen)
+    assert (parts_folder(output) / "labels-00001.parquet").is_file()
+    again = label(source, smoke_model.checkpoint, output, chosen)
+    assert again.published_before and not parts_folder(output).exists()
+    assert_every_row_once_in_order(output, rows)
 
 
 # ----------------------------------------------------------------------------- two runs, one output
@@ -434,6 +554,29 @@ def test_a_second_run_on_the_same_output_is_refused_at_once_naming_the_first(smo
     assert_every_row_once_in_order(output, rows)
 
 
+def test_a_run_killed_before_its_publish_is_finished_by_a_rerun_that_then_clears_its_shards(smoke_model, tmp_path):
+    """kill -9 while shards are being labelled (no Stanza: the model builds its trees): the parts folder is
+    what the rerun resumes from, and it goes once the rerun has published every row once."""
+    rows = many_pairs(smoke_model, CONCURRENT_ROWS)
+    source = write_rows(tmp_path / "pairs.jsonl", rows)
+    output = tmp_path / "out.parquet"
+    command = model_label_command(source, output, smoke_model, shard_size=5)
+    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=one_thread())
+    deadline = time.monotonic() + LABEL_TIMEOUT_S
+    while not list(parts_folder(output).glob("labels-*.parquet")):
+        assert first.poll() is None, first.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    assert not output.exists() and (parts_folder(output) / "plan.json").is_file()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, env=one_thread())
+    assert again.returncode == 0, again.stderr
+    assert " 0 reused" not in again.stdout
+    assert_every_row_once_in_order(output, rows)
+    assert not parts_folder(output).exists()
+
+
 def test_two_runs_started_together_never_mix_their_shards(smoke_model, tmp_path):
     """The issue's case: the same input and output, shard sizes 5 and 50, started at the same moment."""
     rows = many_pairs(smoke_model, CONCURRENT_ROWS)
@@ -458,8 +601,11 @@ def test_two_runs_started_together_never_mix_their_shards(smoke_model, tmp_path)
     assert_every_row_once_in_order(output, rows)
 
 
-def test_a_lock_left_by_a_dead_run_is_taken_over(smoke_model, tmp_path):
+def test_a_lock_left_by_a_dead_run_is_taken_over(smoke_model, tmp_path, monkeypatch):
+    """The lock's record names this run while it works (read as it plans); the folder goes once it is done."""
+    import spinn.labeling.label as label_module
     from spinn.io import HOST, LOCK_NAME
+    from spinn.labeling.shards import plan_shards
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -467,18 +613,30 @@ def test_a_lock_left_by_a_dead_run_is_taken_over(smoke_model, tmp_path):
     parts_folder(output).mkdir()
     stale = {"pid": str(gone.pid), "host": HOST, "started": "2026-01-01 00:00:00", "command": "spinn label"}
     (parts_folder(output) / LOCK_NAME).write_text(json.dumps(stale))
+    holders = []
+
+    def planning(*args, **kwargs):
+        holders.append(json.loads((parts_folder(output) / LOCK_NAME).read_text())["pid"])
+        return plan_shards(*args, **kwargs)
+
+    monkeypatch.setattr(label_module, "plan_shards", planning)
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 10))
     summary = label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model"))
     assert summary.labelled == 10
-    assert json.loads((parts_folder(output) / LOCK_NAME).read_text())["pid"] == str(os.getpid())
+    assert holders == [str(os.getpid())]
+    assert not parts_folder(output).exists()
 
 
-def test_a_shard_with_a_row_twice_is_refused_before_anything_is_published(smoke_model, tmp_path):
-    """Shards an earlier concurrent run corrupted are found at the merge, not reused into the output."""
+def test_a_shard_with_a_row_twice_is_refused_before_anything_is_published(smoke_model, tmp_path, monkeypatch):
+    """Shards an earlier concurrent run corrupted are found at the merge, not reused into the output (an
+    earlier output at the same path stays as it was)."""
     rows = smoke_pairs(smoke_model, 30)
     source = write_rows(tmp_path / "pairs.csv", rows)
     output = tmp_path / "out.parquet"
-    label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
+    output.write_bytes(b"an earlier output")
+    with monkeypatch.context() as patched, pytest.raises(SpinnError, match="stopped before the merge"):
+        stop_before_the_merge(patched)
+        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
     shard = parts_folder(output) / "labels-00001.parquet"
     table = pq.read_table(shard)
     pq.write_table(pa.concat_tables([table, table.slice(0, 3)]), shard)
@@ -490,11 +648,12 @@ def test_a_shard_with_a_row_twice_is_refused_before_anything_is_published(smoke_
     assert not getattr(error.value, "__notes__", None)  # not also told to rerun as it is
 
 
-def test_a_shard_missing_a_row_is_refused(smoke_model, tmp_path):
+def test_a_shard_missing_a_row_is_refused(smoke_model, tmp_path, monkeypatch):
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 30))
     output = tmp_path / "out.parquet"
-    label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
-    output.unlink()
+    with monkeypatch.context() as patched, pytest.raises(SpinnError, match="stopped before the merge"):
+        stop_before_the_merge(patched)
+        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
     shard = parts_folder(output) / "labels-00002.parquet"
     pq.write_table(pq.read_table(shard).slice(1), shard)
     with pytest.raises(SpinnError, match=r"labels-00002\.parquet: shard 2 \(rows 21-30\) has 1 row missing"):

@@ -155,6 +155,13 @@ def test_the_run_artifact_lists_every_file_with_the_figures_its_mlflow_run_logs(
     assert row["MLflow run"].endswith(f"/runs/{run.info.run_id}?workflowType=machine_learning")
     assert (row["status"], row["rows"], row["labelled"], row["rejected"]) == (DONE, 4, 4, 0)
     assert (row["parser"], row["output"], row["error"]) == ("model", output, None)
+    labelled = sorted(path.name for path in (tmp_path / "labelled").iterdir())
+    assert labelled == [  # the shards went once the output was published: no pairs.csv.labels.parquet.parts
+        "index.json",
+        "pairs.csv.labels.parquet",
+        "pairs.csv.labels.rejects.jsonl",
+        "pairs.csv.labels.run.json",
+    ]
 
 
 def test_the_parser_reported_is_the_one_the_labeller_resolved(smoke_model, rl_checkpoint, request_for, tmp_path):

@@ -45,7 +45,8 @@ def test_parse_writes_prepared_pairs_and_rejects_that_evaluate_reads(smoke_model
     for row in table:
         check_transitions(row["premise_transitions"], len(row["premise_tokens"]))
     reject = json.loads((tmp_path / "prepared" / "new.rejects.jsonl").read_text())
-    assert (reject["line"], reject["field"], reject["reason"]) == (5, "hypothesis", "empty_sentence")
+    where = (reject["line"], reject["pair_id"], reject["field"], reject["reason"])
+    assert where == (5, "blank", "hypothesis", "empty_sentence")
     assert len(read_raw_pairs(tmp_path / "prepared" / "new.parquet")) == 20
 
     monkeypatch.chdir(tmp_path)

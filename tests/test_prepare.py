@@ -108,6 +108,8 @@ def test_every_reject_reason_is_filed_and_good_rows_go_on(mixed_file, tmp_path):
     rejects = read_rejects(out / "train.rejects.jsonl")
     expected = [(reason.value, field) for _, reason, field in BAD_LINES]
     assert [(r["reason"], r["field"]) for r in rejects] == expected
+    ids = [None, None, "m1", "m2", "m3", "i1", "u1", "b1", "b2", "b3", "l1", "l2"]  # None: not a JSON object
+    assert [r["pair_id"] for r in rejects] == ids  # top level, beside file, line, field and reason
     raw_lines = mixed_file.read_text(encoding="utf-8").splitlines()
     for reject in rejects:
         assert reject["file"] == str(mixed_file)
@@ -323,6 +325,7 @@ def test_a_pair_id_seen_before_is_rejected_as_a_duplicate_even_in_another_chunk(
     where = [(r["line"], r["reason"], r["field"]) for r in rejects]
     assert where == [(line, "duplicate_id", "pairID") for line in (4, 5)]
     assert rejects[0]["raw"] == lines[3] and "line 1" in rejects[0]["message"]
+    assert [r["pair_id"] for r in rejects] == ["g1", "g2"]
     assert summary.rejected == {"duplicate_id": 2}
 
 

@@ -275,6 +275,10 @@ def test_jsonl_rejects_every_bad_line_and_keeps_the_good_ones(tmp_path: Path):
         (14, RejectReason.MISSING_FIELD, "id"),
     ]
     assert len(items) == sum(1 for line in lines if line.strip())  # nothing lost
+    # the id each rejected row names at the top level: None where the line is unreadable or its id is
+    # missing; a duplicate names the id it repeats
+    ids = [item.pair_id for item in items if isinstance(item, Reject)]
+    assert ids == [None, None, "c", "d", "e", "f", "g", "a", None, "i", "j", None]
     reject = next(r for r in items if isinstance(r, Reject) and r.reason is RejectReason.UNKNOWN_LABEL)
     assert reject.file == str(path)
     assert reject.raw == good("g", label="maybe").rstrip("\n")
@@ -288,6 +292,7 @@ def test_a_reject_is_a_plain_record_of_every_field_and_its_json_is_that_record()
     assert reject.to_dict() == {
         "file": "pairs.jsonl",
         "line": 9,
+        "pair_id": None,
         "reason": "unknown_label",
         "field": "label",
         "message": "unknown label 'maybe'",
@@ -295,6 +300,14 @@ def test_a_reject_is_a_plain_record_of_every_field_and_its_json_is_that_record()
     }
     assert json.loads(reject.to_json()) == reject.to_dict()
     assert "café" in reject.to_json()  # people read rejects files: text stays as written
+
+
+def test_a_rejected_row_of_a_file_without_ids_is_named_by_its_row_number_as_its_output_row_would_be(tmp_path):
+    rows = [("A dog runs.", "x"), ("", "An animal moves.")]
+    path = write_csv(tmp_path / "pairs.csv", rows, ("premise", "hypothesis"))
+    items = read_all(path)
+    assert [item.pair_id for item in items] == ["1", "2"] and isinstance(items[1], Reject)
+    assert json.loads(items[1].to_json())["pair_id"] == "2"
 
 
 def test_csv_rejects_bad_rows_and_reads_multi_line_fields(tmp_path: Path):

@@ -42,7 +42,7 @@ from spinn.data.corpus import (
     read_record,
 )
 from spinn.data.limits import DEFAULT_MAX_TOKENS
-from spinn.data.rejects import RecordProblem, Reject, RejectReason
+from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.data.split_files import prepared_files, with_partner
 from spinn.errors import SpinnError
@@ -323,7 +323,8 @@ def _without_duplicates(
         keep.append(first == line)
         if first != line:
             message = f"pair id {pair_id!r} is on line {first} already"
-            duplicates.append(Reject(source, line, RejectReason.DUPLICATE_ID, ID_FIELD, message, _raw(chunk, line)))
+            raw = _raw(chunk, line)
+            duplicates.append(Reject(source, line, RejectReason.DUPLICATE_ID, ID_FIELD, message, raw, pair_id))
     return (pairs if all(keep) else pairs.filter(pa.array(keep))), duplicates
 
 
@@ -362,4 +363,4 @@ def _convert(record, line: int, raw: str, source: str, trees: TreeSource, max_to
             return pair_from_record(record, line, trees, max_tokens)
         except RecordProblem as raised:
             problem = raised
-    return Reject(source, line, problem.reason, problem.field, str(problem), raw)
+    return Reject.of(problem, source, line, raw, reject_pair_id(record, ID_FIELD, line))

@@ -1,16 +1,21 @@
 """Why an input row was not used: the reasons, the record that says so, and the exception that carries one.
 
 Every reader (SNLI-format corpora, new sentence pairs, the parser) turns a bad
-row into a `Reject` naming the file, line, field and reason, written to a
-rejects file beside the output while the good rows go on; nothing is dropped
-silently. The reason values are what users find in those files.
+row into a `Reject` naming the file, line, pair id, field and reason, written
+to a rejects file beside the output while the good rows go on; nothing is
+dropped silently. The reason values are what users find in those files. The
+pair id is a top-level field of every record (null when the row has none), so
+rejects join back to the input and to the outputs' `pair_id` column (`jq
+.pair_id`) without parsing the raw line.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 
 class RejectReason(str, Enum):
@@ -40,21 +45,41 @@ class Reject:
     field: str | None
     message: str
     raw: str
+    pair_id: str | None = None
+    """The row's id as the output's `pair_id` column would hold it; None when the row has no readable id."""
 
     def to_dict(self) -> dict[str, str | int | None]:
         """The record as rejects files hold it (the reason as its value), for callers that add to it."""
         return {
             "file": self.file,
             "line": self.line,
+            "pair_id": self.pair_id,
             "reason": self.reason.value,
             "field": self.field,
             "message": self.message,
             "raw": self.raw,
         }
 
+    @classmethod
+    def of(cls, problem: RecordProblem, file: str, line: int, raw: str, pair_id: str | None) -> Reject:
+        """The reject of a row whose reading raised `problem`."""
+        return cls(file, line, problem.reason, problem.field, str(problem), raw, pair_id)
+
     def to_json(self) -> str:
         """One line of a rejects file; text stays as written (not \\u-escaped), since people read these files."""
         return json.dumps(self.to_dict(), ensure_ascii=False)
+
+
+def reject_pair_id(values: Mapping[str, Any] | Exception, column: str | None, row: int) -> str | None:
+    """The id a rejected row's output row would have had: its id value as the readers accept one (a non-empty
+    string or integer, stripped), the row number when the file has no id column (the readers' id then),
+    None when the row could not be read (`values` is the problem) or its id is missing or unreadable."""
+    if column is None:
+        return str(row)
+    value = values.get(column) if isinstance(values, Mapping) else None
+    if isinstance(value, bool) or not isinstance(value, str | int):
+        return None
+    return str(value).strip() or None
 
 
 class RecordProblem(Exception):

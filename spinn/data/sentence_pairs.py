@@ -37,7 +37,7 @@ from pydantic import Field
 
 from spinn.data.column_sidecar import sidecar_columns, sidecar_path
 from spinn.data.limits import DEFAULT_MAX_TOKENS, check_length, max_chars
-from spinn.data.rejects import RecordProblem, Reject, RejectReason
+from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
 from spinn.settings import Settings
@@ -244,7 +244,7 @@ def _pair_or_reject(path: Path, columns: Columns, row: _Row, seen: set[str], lim
         if pair_id in seen:
             raise RecordProblem(RejectReason.DUPLICATE_ID, columns.id, f"id {pair_id!r} was seen earlier in the file")
     except RecordProblem as problem:
-        return Reject(str(path), row.line, problem.reason, problem.field, str(problem), row.raw)
+        return Reject.of(problem, str(path), row.line, row.raw, reject_pair_id(row.values, columns.id, row.row))
     seen.add(pair_id)
     return InputPair(row.row, row.line, pair_id, premise, hypothesis, label)
 

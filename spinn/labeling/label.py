@@ -6,6 +6,9 @@ the model through spinn/inference's predict) and merges them. A killed job
 rerun with the same arguments reuses the plan and every finished shard, so the
 output has exactly one row per input row: labelled rows in the Parquet file,
 rejected rows (with the reason) in the rejects file, never both, never twice.
+Once the output is published the shards go, and a record of the run stays
+beside it (spinn/labeling/published.py): rerun as it was, a finished job does
+nothing and reports what the record says.
 
 Shards are independent, so the Prefect flow runs them as tasks on a Dask
 cluster; every worker reads its shard from the parts folder beside the
@@ -32,9 +35,20 @@ from spinn.io import publishing
 from spinn.labeling.drift import dev_label_shares
 from spinn.labeling.labeller import Labeller
 from spinn.labeling.progress import LabelProgress
+from spinn.labeling.published import published_summary, record_file
 from spinn.labeling.settings import LabelSettings
 from spinn.labeling.shard import ShardParse, label_shard, start_parse
-from spinn.labeling.shards import ShardPlan, check_output, hold_output, merge_shards, plan_shards, rejects_file
+from spinn.labeling.shards import (
+    ShardPlan,
+    check_output,
+    clear_parts,
+    hold_output,
+    merge_shards,
+    parts_folder,
+    plan_shards,
+    rejects_file,
+    run_fingerprint,
+)
 from spinn.labeling.summary import LabelSummary, ShardResult, check_some_labelled
 
 
@@ -53,17 +67,16 @@ def label(
     settings = settings or LabelSettings()
     reads = _files_read(input_path, model_reference, settings)
     check_output(output, reads)
-    with publishing((output, rejects_file(output)), inputs=reads.values()), hold_output(output):
+    outputs = (output, rejects_file(output), record_file(output))
+    with publishing(outputs, inputs=reads.values()), hold_output(output):
         labeller = Labeller(model_reference, settings)
         try:
-            plan = plan_shards(input_path, output, settings, labeller.fingerprint())
-            bars = LabelProgress(plan.rows) if progress else None
-            try:
-                results = label_shards(plan, labeller, bars)
-            finally:
-                if bars is not None:
-                    bars.close()
-            summary = merge_shards(plan, results, labeller.model_name, labeller.parser_name)
+            fingerprint = run_fingerprint(input_path, settings, labeller.fingerprint())
+            summary = published_summary(output, rejects_file(output), fingerprint)
+            if summary is None:
+                summary = _label_and_merge(input_path, output, settings, labeller, progress)
+            else:
+                clear_parts(parts_folder(output))  # what a run killed just after its publish left
             summary.parser_workers = labeller.parser.workers
             summary.model_threads = labeller.threads
             summary.dev_shares = dev_label_shares(labeller.loaded.saved)
@@ -72,6 +85,20 @@ def label(
     summary.seconds = time.perf_counter() - started
     check_some_labelled(summary)
     return summary
+
+
+def _label_and_merge(
+    input_path: Path, output: Path, settings: LabelSettings, labeller: Labeller, progress: bool
+) -> LabelSummary:
+    """Plan (or resume) the shards, label those not finished, and publish the merged output."""
+    plan = plan_shards(input_path, output, settings, labeller.fingerprint())
+    bars = LabelProgress(plan.rows) if progress else None
+    try:
+        results = label_shards(plan, labeller, bars)
+    finally:
+        if bars is not None:
+            bars.close()
+    return merge_shards(plan, results, labeller.model_name, labeller.parser_name)
 
 
 def label_shards(plan: ShardPlan, labeller: Labeller, progress: LabelProgress | None = None) -> list[ShardResult]:

@@ -103,7 +103,7 @@ def _sentence_trees(parse: ShardParse, source: str, result: ShardResult) -> tupl
         else:
             name, problem = failed
             raw = json.dumps(pair, ensure_ascii=False)
-            reject = Reject(source, pair["line"], problem.reason, name, problem.message, raw)
+            reject = Reject(source, pair["line"], problem.reason, name, problem.message, raw, pair["pair_id"])
             rejects.append({**reject.to_dict(), "row": pair["row"]})
     return trees, rejects
 

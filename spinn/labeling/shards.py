@@ -7,7 +7,10 @@ arguments (the input's and the checkpoint's digests, the parser model,
 columns, shard size): a rerun with the same arguments reuses the plan and
 every finished shard, and one that would mix results of another model or
 input is refused instead. The merge checks that every input row is in its
-shard exactly once, labelled or rejected, before it publishes anything.
+shard exactly once, labelled or rejected, before it publishes anything; it
+publishes the run's record with the output (spinn/labeling/published.py) and
+then empties the parts folder, whose shards would otherwise double the disk
+the output takes. The folder itself goes when the run lets go of its lock.
 
 One run at a time works on an output: the run holds a lock file in the parts
 folder (`hold_output`), and a second run is refused at once, naming the
@@ -32,6 +35,7 @@ from spinn.data.sentence_pairs import InputPair, read_input_pairs
 from spinn.data.vocab import warn_if_mostly_unknown
 from spinn.errors import SpinnError
 from spinn.io import LOCK_NAME, atomic_path, atomic_paths, file_digest, lock_folder, tidy_folder
+from spinn.labeling.published import changed_arguments, record_file, record_text
 from spinn.labeling.settings import INPUT_SCHEMA, OUTPUT_SCHEMA, LabelSettings
 from spinn.labeling.summary import LabelSummary, PredictionCounts, ShardResult
 
@@ -73,13 +77,13 @@ def parts_folder(output: Path) -> Path:
     return Path(output).with_name(Path(output).name + PARTS_SUFFIX)
 
 
-def plan_shards(input_path: Path, output: Path, settings: LabelSettings, labeller_fingerprint: dict) -> ShardPlan:
-    """Cut the input into shard files once; a rerun with the same arguments reuses them."""
-    input_path, output = Path(input_path), Path(output)
+def run_fingerprint(input_path: Path, settings: LabelSettings, labeller_fingerprint: dict) -> dict:
+    """What makes two runs' results differ: the input's content, how it is read and cut, and the labeller's
+    model and parser. Kept in the plan (a resume must match it) and in the published record (a rerun too)."""
+    input_path = Path(input_path)
     if not input_path.is_file():
         raise SpinnError(f"{input_path}: no such input file")
-    parts = parts_folder(output)
-    fingerprint = {
+    return {
         "version": PLAN_VERSION,
         "input": str(input_path.resolve()),
         "input_sha256": file_digest(input_path, "sha256"),
@@ -88,6 +92,13 @@ def plan_shards(input_path: Path, output: Path, settings: LabelSettings, labelle
         "shard_size": settings.shard_size,
         **labeller_fingerprint,
     }
+
+
+def plan_shards(input_path: Path, output: Path, settings: LabelSettings, labeller_fingerprint: dict) -> ShardPlan:
+    """Cut the input into shard files once; a rerun with the same arguments reuses them."""
+    input_path, output = Path(input_path), Path(output)
+    fingerprint = run_fingerprint(input_path, settings, labeller_fingerprint)
+    parts = parts_folder(output)
     existing = _read_plan(parts)
     if existing is not None:
         _check_same_arguments(existing, fingerprint, parts)
@@ -111,9 +122,7 @@ def _read_plan(parts: Path) -> ShardPlan | None:
 
 
 def _check_same_arguments(plan: ShardPlan, fingerprint: dict, parts: Path) -> None:
-    changed = sorted(
-        key for key in fingerprint.keys() | plan.fingerprint.keys() if fingerprint.get(key) != plan.fingerprint.get(key)
-    )
+    changed = changed_arguments(plan.fingerprint, fingerprint)
     if changed:
         raise SpinnError(
             f"{parts}: holds shards of another run (different {', '.join(changed)}); "
@@ -177,8 +186,9 @@ def read_lines(path: Path) -> list[str]:
 
 
 def merge_shards(plan: ShardPlan, results: list[ShardResult], model: str, parser: str) -> LabelSummary:
-    """Concatenate finished shards in row order into the output and its rejects file, published together,
-    checking each shard holds each of its rows exactly once and was labelled by `model`."""
+    """Concatenate finished shards in row order into the output and its rejects file, published together with
+    the run's record, checking each shard holds each of its rows exactly once and was labelled by `model`;
+    then empty the parts folder (the output and the record now say all its shards did)."""
     missing = [index for index in range(plan.shards) if not plan.labels(index).is_file()]
     if missing:
         raise SpinnError(f"{plan.parts}: shards {missing[:10]} are not finished; rerun to complete them")
@@ -186,7 +196,7 @@ def merge_shards(plan: ShardPlan, results: list[ShardResult], model: str, parser
     rejects_path = rejects_file(output)
     rejects = []
     predicted = PredictionCounts()
-    with atomic_paths(output, rejects_path) as (temporary, rejects_temporary):
+    with atomic_paths(output, rejects_path, record_file(output)) as (temporary, rejects_temporary, record_temporary):
         writer = pq.ParquetWriter(temporary, OUTPUT_SCHEMA)
         try:
             for index in range(plan.shards):
@@ -200,10 +210,28 @@ def merge_shards(plan: ShardPlan, results: list[ShardResult], model: str, parser
         finally:
             writer.close()
         rejects_temporary.write_text(_jsonl(sorted(rejects, key=lambda reject: reject["row"])), encoding="utf-8")
+        summary = _merged_summary(plan, results, model, parser, rejects, predicted)
+        record_temporary.write_text(
+            record_text(summary, plan.fingerprint, temporary, rejects_temporary), encoding="utf-8"
+        )
+    clear_parts(Path(plan.parts))
+    warn_if_mostly_unknown(plan.input, summary.oov_share)
+    return summary
+
+
+def _merged_summary(
+    plan: ShardPlan,
+    results: list[ShardResult],
+    model: str,
+    parser: str,
+    rejects: list[dict],
+    predicted: PredictionCounts,
+) -> LabelSummary:
+    output = Path(plan.output)
     reasons = Counter(reject["reason"] for reject in rejects)
-    summary = LabelSummary(
+    return LabelSummary(
         output,
-        rejects_path,
+        rejects_file(output),
         model,
         parser,
         plan.rows,
@@ -220,8 +248,16 @@ def merge_shards(plan: ShardPlan, results: list[ShardResult], model: str, parser
         input_sha256=plan.fingerprint["input_sha256"],
         predicted=predicted,
     )
-    warn_if_mostly_unknown(plan.input, summary.oov_share)
-    return summary
+
+
+def clear_parts(parts: Path) -> None:
+    """Delete the plan and the shards, once the output they made is published; the lock stays with its
+    holder (`hold_output` removes the folder as it lets go). A kill part way leaves a record that still
+    matches the output, so the rerun does nothing but finish this."""
+    if parts.is_dir():
+        for path in parts.iterdir():
+            if path.name != LOCK_NAME:
+                path.unlink(missing_ok=True)
 
 
 def shard_rows(plan: ShardPlan, index: int) -> range:
@@ -284,7 +320,8 @@ def hold_output(output: Path) -> Iterator[None]:
     Taken before the model loads, so a refused run costs nothing. Temporaries
     that killed runs left beside the output or in the parts folder go first.
     When the block fails, the error says what the parts folder keeps for a
-    rerun; a folder with nothing in it yet is removed."""
+    rerun; a folder with nothing in it (never planned, or emptied by the
+    merge) is removed, before the lock is let go, as `_held(remove=True)` does."""
     output = Path(output)
     parts = parts_folder(output)
     with lock_folder(parts):
@@ -297,6 +334,7 @@ def hold_output(output: Path) -> Iterator[None]:
             if left is not None and not _advises_on(parts, error):
                 error.add_note(left)
             raise
+        _remove_if_empty(parts)
 
 
 def _advises_on(parts: Path, error: BaseException) -> bool:
@@ -304,12 +342,19 @@ def _advises_on(parts: Path, error: BaseException) -> bool:
     return f"{parts}:" in str(error) or f"delete {parts}" in str(error)
 
 
+def _remove_if_empty(parts: Path) -> bool:
+    """Remove the parts folder when it holds nothing but the lock; whether it is gone."""
+    if parts.is_dir() and any(path.name != LOCK_NAME for path in parts.iterdir()):
+        return False
+    shutil.rmtree(parts, ignore_errors=True)
+    return True
+
+
 def _left_behind(parts: Path) -> str | None:
     """What a failed run leaves for the next one, in words; None (and the folder gone) when nothing."""
-    kept = [path for path in parts.iterdir() if path.name != LOCK_NAME]
-    if not kept:
-        shutil.rmtree(parts)
+    if _remove_if_empty(parts):
         return None
+    kept = [path for path in parts.iterdir() if path.name != LOCK_NAME]
     try:
         plan = _read_plan(parts)
     except SpinnError:

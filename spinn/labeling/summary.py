@@ -79,6 +79,9 @@ class LabelSummary:
     predicted: PredictionCounts = field(default_factory=PredictionCounts)
     dev_shares: dict[str, float] | None = None
     """The model's label shares on its dev split when it was trained (None: its checkpoint keeps none)."""
+    published_before: bool = False
+    """The output was already the published result of a run with the same arguments: nothing was done
+    (spinn/labeling/published.py)."""
 
     @property
     def label_shares(self) -> dict[str, float]:
@@ -127,6 +130,8 @@ class LabelSummary:
                 f"({self.shards} shards, {self.shards_reused} reused from an earlier run)"
             )
         ]
+        if self.published_before:
+            lines.append(f"nothing to do: {self.output} is already the output of this same run (counts as it recorded)")
         lines += [f"  rejected {reason}: {count}" for reason, count in sorted(self.reasons.items())]
         if self.rejected:
             lines.append(f"rejects listed in {self.rejects}")

@@ -188,7 +188,7 @@ def _first_problem(pair: InputPair, parsed: dict[str, Parsed | Unparsed], source
                 {"pair_id": pair.pair_id, "premise": pair.premise, "hypothesis": pair.hypothesis, "label": pair.label},
                 ensure_ascii=False,
             )
-            return Reject(source, pair.line, result.reason, name, result.message, raw)
+            return Reject(source, pair.line, result.reason, name, result.message, raw, pair.pair_id)
     return None
 
 
