@@ -113,6 +113,14 @@ def test_every_field_is_an_option_with_the_models_choices(model):
             assert list(params[name].type.choices) == choices, f"{name}: choices not the model's"
 
 
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_required_option_says_so_once_in_help(name):
+    """`spinn bench --help` showed `[required] [required]` for --corpus: the field's help and click both said it."""
+    result = CliRunner().invoke(main, [name, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "[required] [required]" not in " ".join(result.output.split())
+
+
 def test_every_field_left_off_the_cli_says_why():
     for model in COMMAND_OF:
         for name, reason in model.not_on_cli.items():
