@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from spinn.data.download import CORPORA, DownloadSettings
+from spinn.data.download import CORPORA, DownloadSettings, for_chosen_corpus
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
@@ -89,9 +89,16 @@ class CorpusRequest(_Request):
         return self
 
     def stages(self) -> CorpusStages:
+        download = _resolved(DownloadSettings, self.params, self.download, "download")
+        prepare = _resolved(PrepareSettings, self.params, self.prepare, "prepare")
+        written = _resolved(DownloadSettings, self.params, DownloadOverrides(), "download")
+        if download.corpus != written.corpus:  # the params file's archive and splits name the other corpus's files
+            download = for_chosen_corpus(download, written, archive_given=self.download.archive is not None)
+            if self.prepare.splits is None:
+                prepare = prepare.replace(splits=CORPORA[download.corpus].splits)
         return CorpusStages(
-            _resolved(DownloadSettings, self.params, self.download, "download"),
-            _resolved(PrepareSettings, self.params, self.prepare, "prepare"),
+            download,
+            prepare,
             _resolved(VocabSettings, self.params, self.vocab, "vocab"),
             _resolved(EmbeddingSettings, self.params, self.embeddings, "embeddings"),
         )

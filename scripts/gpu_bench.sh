@@ -8,8 +8,8 @@
 # >= 200,000 inferring, the loop >= 90% of the bench, an epoch < 30 s, >= 30x the reference,
 # GPU busy >= 70%.
 #
-#   scripts/gpu_bench.sh                                  # from the repository root, venv active
-#   CORPUS=path/to/snli_dev.jsonl.gz PYTHON=.venv/bin/python scripts/gpu_bench.sh
+#   scripts/gpu_bench.sh                                  # .venv/bin/python when README's install made it
+#   CORPUS=path/to/snli_dev.jsonl.gz PYTHON=python3 scripts/gpu_bench.sh
 #
 # Needs torch with CUDA, numpy, pyarrow, pydantic, pyyaml, click, tqdm (no MLflow, Prefect, Stanza or
 # DVC). On a bare image without pydantic, wheels in .whl/ are installed first (pydantic, pydantic-core,
@@ -17,7 +17,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-PYTHON=${PYTHON:-python}
+# README's commands need no activated venv: take the project's .venv when there is one, else (a bare GPU
+# image) the python on PATH.
+default_python=python
+[[ -x .venv/bin/python ]] && default_python=.venv/bin/python
+PYTHON=${PYTHON:-$default_python}
 CORPUS=${CORPUS:-../shared/data/snli/snli_1.0_dev.jsonl.gz}
 PAIRS=${PAIRS:-550152}
 REFERENCE_STEPS=${REFERENCE_STEPS:-30}   # the reference is slow; pairs/s from 30 batches is enough

@@ -133,7 +133,7 @@ def _option(path: tuple[str, ...], info: FieldInfo, default: Any, note: str | No
         return None
     name, dest = _option_name(path, info), SEPARATOR.join(path)
     required = info.is_required() and len(path) == 1
-    help_text = _help(info, default, note, click_says_required=required)
+    help_text = _help(info, default, note, required)
     if click_type is bool:
         flags = name if "/" in name else f"{name}/--no-{name.removeprefix('--')}"
         return click.option(flags, dest, default=None, help=help_text)
@@ -144,9 +144,9 @@ def _option_name(path: tuple[str, ...], info: FieldInfo) -> str:
     return _extra(info).get("cli") or "--" + "-".join(path).replace("_", "-")
 
 
-def _help(info: FieldInfo, default: Any, note: str | None, click_says_required: bool) -> str:
-    """The field's docstring, then where its default comes from (unless the docstring already says); a
-    required option that click marks itself is not marked twice."""
+def _help(info: FieldInfo, default: Any, note: str | None, required: bool) -> str:
+    """The field's docstring, then where its default comes from (unless the docstring already says); an
+    option click itself requires gets click's own "[required]", not a second one."""
     text = " ".join((info.description or "").split())
     variable = getattr(info.default_factory, "variable", None)
     if variable:
@@ -154,7 +154,7 @@ def _help(info: FieldInfo, default: Any, note: str | None, click_says_required: 
     if note:
         return f"{text} [default: {note}]"
     if info.is_required():
-        return text if click_says_required else f"{text} [required]"
+        return text if required else f"{text} [required]"
     if default is None and "(default:" in text:
         return text
     shown = default.value if isinstance(default, enum.Enum) else default

@@ -210,6 +210,19 @@ def test_gpu_script_says_why_it_stops_without_cuda(tmp_path):
     assert "no CUDA device" in finished.stderr
 
 
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "python").exists(), reason="README's install makes .venv")
+def test_gpu_script_as_readme_writes_it_takes_the_project_venv(tmp_path):
+    """README runs `scripts/gpu_bench.sh` with no activated venv (issue 24): the script takes .venv/bin/python,
+    not the `python` on PATH (here a stand-in that fails), and gets as far as looking for CUDA (hidden here)."""
+    stand_in = tmp_path / "python"
+    stand_in.write_text("#!/bin/sh\necho 'python from PATH, not the project venv' >&2\nexit 3\n")
+    stand_in.chmod(0o755)
+    environment = {key: value for key, value in os.environ.items() if key != "PYTHON"}
+    environment.update(PATH=os.pathsep.join((str(tmp_path), "/usr/bin", "/bin")), CUDA_VISIBLE_DEVICES="")
+    finished = subprocess.run([str(GPU_SCRIPT)], capture_output=True, text=True, env=environment, check=False)
+    assert "no CUDA device" in finished.stderr, finished.stderr
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_cuda_run_reports_cuda_memory(corpus):

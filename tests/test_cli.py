@@ -22,21 +22,6 @@ def test_help_lists_the_stages():
         assert stage in result.stdout
 
 
-def test_no_option_is_marked_required_twice_in_any_help():
-    """click marks a required option itself; the help text built from the settings must not add a second mark."""
-    import re
-
-    from click.testing import CliRunner
-
-    from spinn.cli import main
-
-    runner = CliRunner()
-    for name in main.list_commands(None):
-        found = runner.invoke(main, [name, "--help"])
-        assert found.exit_code == 0, (name, found.output)
-        assert not re.search(r"\[required\]\s*\[required\]", found.output), name
-
-
 def test_check_binarization_last_line(snli_dev):
     result = spinn("check-binarization", str(snli_dev))
     assert result.returncode == 0, result.stderr

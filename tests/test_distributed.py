@@ -214,3 +214,59 @@ def test_loss_scales_turn_rank_means_into_the_global_mean():
     pairs = [len(share(range(5), Topology(rank, 2))) for rank in range(2)]
     assert [scale[0].item() for scale in scales] == pytest.approx([2 * count / 5 for count in pairs])
     assert sum(scale[1].item() for scale in scales) == pytest.approx(2.0)  # shares of the real steps
+
+
+BN_ROWS, BN_CHANNELS, BN_RANKS = 8, 3, 2
+
+
+def _batch_norm_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows, their real-row mask and the loss weights: one global batch, the same on every rank (float64)."""
+    generator = torch.Generator().manual_seed(3)
+    rows = torch.randn(BN_ROWS, BN_CHANNELS, generator=generator, dtype=torch.float64)  # (R, C)
+    real = torch.tensor([1, 1, 0, 1, 1, 1, 1, 0], dtype=torch.bool)  # (R,)
+    loss_weights = torch.randn(BN_ROWS, BN_CHANNELS, generator=generator, dtype=torch.float64)  # (R, C)
+    return rows, real, loss_weights
+
+
+def _batch_norm(rows: torch.Tensor, real: torch.Tensor, loss_weights: torch.Tensor):
+    """Output, row gradients and parameter gradients of MaskedBatchNorm1d under a weighted-sum loss."""
+    from spinn.model.cells import MaskedBatchNorm1d
+
+    norm = MaskedBatchNorm1d(BN_CHANNELS).double().train()
+    rows = rows.clone().requires_grad_(True)
+    output = norm(rows, real)  # (R, C)
+    (output * loss_weights).sum().backward()
+    return output.detach(), rows.grad, norm.weight.grad, norm.bias.grad
+
+
+def _batch_norm_rank(rank: int, init_file: str, folder: str) -> None:
+    import warnings
+
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=BN_RANKS)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            rows, real, loss_weights = _batch_norm_inputs()
+            mine = slice(rank * BN_ROWS // BN_RANKS, (rank + 1) * BN_ROWS // BN_RANKS)
+            found = _batch_norm(rows[mine], real[mine], loss_weights[mine])
+        torch.save({"found": found, "warnings": [str(w.message) for w in caught]}, Path(folder) / f"{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_batch_norm_over_two_ranks_is_one_process_batch_norm_without_warnings(tmp_path):
+    """README: batch norm counts the whole global batch. Two gloo ranks, each with half the rows: the outputs
+    and row gradients are one process's over all rows, the parameter gradients add up to its, and no rank
+    warns (torch's deprecated differentiable all_reduce printed a FutureWarning on every rank)."""
+    import torch.multiprocessing as mp
+
+    mp.spawn(_batch_norm_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=BN_RANKS)
+    ranks = [torch.load(tmp_path / f"{rank}.pt") for rank in range(BN_RANKS)]
+    output, row_grad, weight_grad, bias_grad = _batch_norm(*_batch_norm_inputs())
+    assert [rank["warnings"] for rank in ranks] == [[]] * BN_RANKS
+    torch.testing.assert_close(torch.cat([rank["found"][0] for rank in ranks]), output)
+    torch.testing.assert_close(torch.cat([rank["found"][1] for rank in ranks]), row_grad)
+    torch.testing.assert_close(sum(rank["found"][2] for rank in ranks), weight_grad)
+    torch.testing.assert_close(sum(rank["found"][3] for rank in ranks), bias_grad)

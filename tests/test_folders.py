@@ -45,3 +45,15 @@ def test_other_data_gets_another_folder(tmp_path, inputs):
     base = folder(tmp_path, inputs)
     inputs[0].write_text("other train rows", encoding="utf-8")
     assert folder(tmp_path, inputs) != base
+
+
+def test_the_vocabulary_beside_the_train_split_is_part_of_the_identity_when_none_is_named(tmp_path, inputs):
+    """`spinn train` names no vocabulary and reads vocab.json beside the train split; README says the digest
+    covers the vocabulary's bytes. It did not: a tokens-only split with a new vocab.json found the earlier
+    run's folder ("holds this run, finished; reusing it"), then failed on a vocabulary mismatch. A named
+    vocabulary and the same file found beside the split give one folder (CLI and flow agree)."""
+    train, dev, vocab = inputs
+    base = run_folder(tmp_path, TrainConfig.build({}), train, dev)
+    assert base == run_folder(tmp_path, TrainConfig.build({}), train, dev, vocab)
+    vocab.write_text('["<pad>", "<unk>", "dog"]', encoding="utf-8")
+    assert run_folder(tmp_path, TrainConfig.build({}), train, dev) != base

@@ -45,6 +45,7 @@ COMMAND_OF: dict[type[Settings], str] = {
     TreesSettings: "trees",
     BenchSettings: "bench",
 }
+SPLITS = {"train": "a.jsonl", "dev": "b.jsonl", "test": "c.jsonl"}
 POSITIONAL = {(DownloadSettings, "corpus")}
 """Fields the command takes as its argument rather than an option (`spinn download snli`)."""
 NOT_IN_FLOWS = {
@@ -112,6 +113,14 @@ def test_every_field_is_an_option_with_the_models_choices(model):
             assert list(params[name].type.choices) == choices, f"{name}: choices not the model's"
 
 
+@pytest.mark.parametrize("name", sorted(COMMANDS))
+def test_a_required_option_says_so_once_in_help(name):
+    """`spinn bench --help` showed `[required] [required]` for --corpus: the field's help and click both said it."""
+    result = CliRunner().invoke(main, [name, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "[required] [required]" not in " ".join(result.output.split())
+
+
 def test_every_field_left_off_the_cli_says_why():
     for model in COMMAND_OF:
         for name, reason in model.not_on_cli.items():
@@ -176,3 +185,40 @@ def test_a_bad_setting_is_named_where_it_was_given(tmp_path):
 def test_every_command_loads_from_its_module():
     for name in COMMANDS:
         assert command(name).name == name
+
+
+def test_a_request_for_another_corpus_takes_that_corpus_s_archive_and_split_files():
+    """params.yaml's archive and splits name SNLI's files: `spinn-pipeline --corpus multinli` (a flow request
+    for multinli) fetched MultiNLI into snli_1.0.zip and looked in it for snli_1.0_train.jsonl (issue 24).
+    What the request gives itself still wins, and the params file's own corpus keeps its files."""
+    from flows.settings import CorpusRequest
+    from spinn.data.download import CORPORA
+
+    switched = CorpusRequest(params=PARAMS, download={"corpus": "multinli"})
+    stages = switched.stages()
+    assert stages.download.archive_name == CORPORA["multinli"].filename
+    assert switched.split_files(stages) == CORPORA["multinli"].splits
+    named = CorpusRequest(
+        params=PARAMS, download={"corpus": "multinli", "archive": "mnli.zip"}, prepare={"splits": SPLITS}
+    )
+    assert named.stages().download.archive_name == "mnli.zip" and named.split_files(named.stages()) == SPLITS
+    kept = CorpusRequest(params=PARAMS)
+    written = yaml.safe_load(PARAMS.read_text())
+    assert kept.stages().download.archive_name == written["download"]["archive"]
+    assert kept.split_files(kept.stages()) == written["prepare"]["splits"]
+
+
+def test_spinn_download_of_another_corpus_than_params_saves_it_under_its_own_name(tmp_path):
+    """`spinn download multinli --config params.yaml` wrote MultiNLI's archive as params.yaml's snli_1.0.zip."""
+    import hashlib
+    import zipfile
+
+    archive = tmp_path / "copy.zip"
+    with zipfile.ZipFile(archive, "w") as bundle:
+        bundle.writestr("multinli_1.0/multinli_1.0_train.jsonl", "{}\n")
+    checksum = f"sha256:{hashlib.sha256(archive.read_bytes()).hexdigest()}"
+    raw = tmp_path / "raw"
+    arguments = ["download", "multinli", "--config", str(PARAMS), "--raw-dir", str(raw), "--no-extract"]
+    result = CliRunner().invoke(main, [*arguments, "--file", str(archive), "--checksum", checksum])
+    assert result.exit_code == 0, result.output
+    assert sorted(path.name for path in raw.iterdir() if not path.name.startswith(".")) == ["multinli_1.0.zip"]

@@ -25,9 +25,12 @@ from spinn.options import field_options, given, renamed_option, resolve
 def download(corpus: str | None, raw_dir: Path, no_extract: bool, config_path: Path | None, **options: Any) -> None:
     """Fetch, verify and extract an official NLI corpus archive (resumable). CORPUS: snli (default) or multinli."""
     from spinn.data.download import download as download_stage
+    from spinn.data.download import for_chosen_corpus
 
     chosen = {"corpus": corpus} if corpus else {}
-    settings = resolve(DownloadSettings, config_path, given(DownloadSettings, options), chosen)
+    values = given(DownloadSettings, options)
+    settings = resolve(DownloadSettings, config_path, values, chosen)
+    settings = for_chosen_corpus(settings, resolve(DownloadSettings, config_path), "archive" in values)
     result = download_stage(raw_dir, settings, extract=not no_extract)
     state = "downloaded and verified" if result.fetched else "already present and verified"
     click.echo(f"{result.archive}: {state}")

@@ -129,6 +129,15 @@ class DownloadSettings(Settings):
         return self.archive or lookup_corpus(self.corpus).filename
 
 
+def for_chosen_corpus(settings: DownloadSettings, written: DownloadSettings, archive_given: bool) -> DownloadSettings:
+    """`settings` where a command line or a flow request chose another corpus than the params file's
+    (`written`): the params file's archive names that other corpus's file (snli_1.0.zip), so the chosen
+    corpus is saved under its own name unless an archive was given with it."""
+    if settings.corpus == written.corpus or archive_given:
+        return settings
+    return settings.replace(archive=lookup_corpus(settings.corpus).filename)
+
+
 def download(
     raw_dir: Path, settings: DownloadSettings, *, extract: bool = True, progress: bool = True
 ) -> DownloadResult:

@@ -110,9 +110,23 @@ def _global_sum(tensor: Tensor) -> Tensor:
     """The sum over ranks, with gradients flowing back to every rank's share (identity in one process)."""
     if _world() == 1:
         return tensor
-    from torch.distributed.nn.functional import all_reduce
+    return _GlobalSum.apply(tensor)
 
-    return all_reduce(tensor)
+
+class _GlobalSum(torch.autograd.Function):
+    """all_reduce(SUM) whose gradient is the all_reduce(SUM) of the ranks' gradients: what
+    torch.distributed.nn.functional.all_reduce computes, without the FutureWarning it prints on every rank
+    (its suggested replacement has no backward)."""
+
+    @staticmethod
+    def forward(ctx, tensor: Tensor) -> Tensor:
+        total = tensor.clone(memory_format=torch.contiguous_format)
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return _GlobalSum.apply(grad)
 
 
 class WordEmbedding(nn.Module):

@@ -24,6 +24,7 @@ import hashlib
 import json
 from pathlib import Path
 
+from spinn.data.vocab import VOCAB_FILENAME
 from spinn.errors import SpinnError
 from spinn.io import FolderLock, file_digest, tidy_folder
 from spinn.model.checkpoint import load_checkpoint
@@ -44,10 +45,13 @@ MLFLOW_RUN_FACT = "mlflow_run_id"
 def run_folder(root: Path, config: TrainConfig, train: Path, dev: Path, vocab: Path | None = None) -> Path:
     """`root/<variant>-<train file>-<digest>`: the digest covers the run's identity (the settings that change
     the model, TrainConfig.identity) and the input files' contents, so equal runs share a folder, different
-    runs never do, and a run resumed with a larger budget finds the folder it started in."""
+    runs never do, and a run resumed with a larger budget finds the folder it started in. The vocabulary is
+    `vocab`, else vocab.json beside the train split, where training reads it (when there is none, training
+    stops at its "no vocabulary" error)."""
     settings = config.identity()
-    files = {"train": train, "dev": dev, "vocab": vocab}
-    inputs = {name: file_digest(path, "sha256") for name, path in files.items() if path is not None}
+    vocab = Path(vocab) if vocab is not None else Path(train).parent / VOCAB_FILENAME
+    files = {"train": train, "dev": dev, **({"vocab": vocab} if vocab.exists() else {})}
+    inputs = {name: file_digest(path, "sha256") for name, path in files.items()}
     key = json.dumps({"settings": settings, "inputs": inputs}, sort_keys=True, default=str)
     digest = hashlib.sha256(key.encode("utf-8")).hexdigest()[:DIGEST_CHARS]
     return Path(root) / f"{config.model.variant}-{Path(train).stem}-{digest}"
