@@ -194,10 +194,10 @@ from spinn.io import lock_folder
 
 with lock_folder(sys.argv[1]):
     if os.fork() == 0:  # a child that outlives its parent, as a parser worker does for up to half a second
-        print("child", flush=True)  # its at-fork hooks have run by now
+        os.write(1, b"child\\n")  # its at-fork hooks have run by now; one write, so lines never interleave
         time.sleep(120)
         os._exit(0)
-    print("held", flush=True)
+    os.write(1, b"held\\n")
     time.sleep(120)
 """
 
