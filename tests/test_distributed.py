@@ -263,7 +263,7 @@ def test_batch_norm_over_two_ranks_is_one_process_batch_norm_without_warnings(tm
     import torch.multiprocessing as mp
 
     mp.spawn(_batch_norm_rank, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=BN_RANKS)
-    ranks = [torch.load(tmp_path / f"{rank}.pt") for rank in range(BN_RANKS)]
+    ranks = [torch.load(tmp_path / f"{rank}.pt", weights_only=True) for rank in range(BN_RANKS)]
     output, row_grad, weight_grad, bias_grad = _batch_norm(*_batch_norm_inputs())
     assert [rank["warnings"] for rank in ranks] == [[]] * BN_RANKS
     torch.testing.assert_close(torch.cat([rank["found"][0] for rank in ranks]), output)

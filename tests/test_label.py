@@ -535,13 +535,8 @@ def test_a_second_run_on_the_same_output_is_refused_at_once_naming_the_first(smo
     source = write_rows(tmp_path / "pairs.jsonl", rows)
     output = tmp_path / "out.parquet"
     command = model_label_command(source, output, smoke_model, shard_size=5)
-    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=one_thread())
+    first = start_until_a_shard_is_labelled(command, output)
     try:
-        deadline = time.monotonic() + LABEL_TIMEOUT_S
-        while not list(parts_folder(output).glob("labels-*.parquet")):
-            assert first.poll() is None, first.stderr.read()
-            assert time.monotonic() < deadline
-            time.sleep(POLL_S)
         first.send_signal(signal.SIGSTOP)
         second = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, env=one_thread())
     finally:
@@ -554,6 +549,17 @@ def test_a_second_run_on_the_same_output_is_refused_at_once_naming_the_first(smo
     assert_every_row_once_in_order(output, rows)
 
 
+def start_until_a_shard_is_labelled(command: list[str], output: Path) -> subprocess.Popen:
+    """`spinn label` started in the background, returned once its first labelled shard is in the parts folder."""
+    run = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=one_thread())
+    deadline = time.monotonic() + LABEL_TIMEOUT_S
+    while not list(parts_folder(output).glob("labels-*.parquet")):
+        assert run.poll() is None, run.stderr.read()
+        assert time.monotonic() < deadline
+        time.sleep(POLL_S)
+    return run
+
+
 def test_a_run_killed_before_its_publish_is_finished_by_a_rerun_that_then_clears_its_shards(smoke_model, tmp_path):
     """kill -9 while shards are being labelled (no Stanza: the model builds its trees): the parts folder is
     what the rerun resumes from, and it goes once the rerun has published every row once."""
@@ -561,12 +567,7 @@ def test_a_run_killed_before_its_publish_is_finished_by_a_rerun_that_then_clears
     source = write_rows(tmp_path / "pairs.jsonl", rows)
     output = tmp_path / "out.parquet"
     command = model_label_command(source, output, smoke_model, shard_size=5)
-    first = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=one_thread())
-    deadline = time.monotonic() + LABEL_TIMEOUT_S
-    while not list(parts_folder(output).glob("labels-*.parquet")):
-        assert first.poll() is None, first.stderr.read()
-        assert time.monotonic() < deadline
-        time.sleep(POLL_S)
+    first = start_until_a_shard_is_labelled(command, output)
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert not output.exists() and (parts_folder(output) / "plan.json").is_file()
