@@ -22,7 +22,7 @@ from spinn.inference.step import InferStep
 from spinn.model.batch import make_batch
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model
-from spinn.model.spinn import SPINN, random_vectors
+from spinn.model.spinn import SPINN, random_vectors, transition_counts
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import Transition, transition_count
 
@@ -98,6 +98,34 @@ def test_predict_gives_each_pair_what_the_model_gives_it_alone_in_input_order(sn
             if source is TransitionSource.GOLD:
                 assert ran == parse
     assert 0.0 <= found.transition_accuracy <= 1.0
+
+
+@needs_snli
+@pytest.mark.parametrize("source", [TransitionSource.GOLD, TransitionSource.GREEDY])
+def test_predict_encodes_each_distinct_sentence_once_and_counts_it_for_every_pair(snli_examples, source):
+    """SNLI repeats its premises: each distinct sentence goes through the encoder once, while transition
+    accuracy and progress still count every pair, as one batch of all the pairs (no sharing) does."""
+    examples, vocab_size = snli_examples
+    examples = examples[:30] + examples[:6]  # six whole pairs again, besides premises SNLI itself repeats
+    distinct = {(e.premise, e.premise_transitions) for e in examples} | {
+        (e.hypothesis, e.hypothesis_transitions) for e in examples
+    }
+    assert len(distinct) <= 2 * len(examples) - 12
+    model = random_model("spinn", vocab_size)
+    step, encoded, progress = InferStep(model, source), [], []
+    encode = step.encode
+    step.encode = lambda batch: encoded.append(batch.tokens.shape[0]) or encode(batch)
+    found = predict(model, examples, CPU, 4, source, step=step, on_batch=progress.append)
+    assert sum(encoded) == len(distinct) and max(encoded) <= 2 * 4
+    assert sum(progress) == len(examples) and min(progress) > 0
+    batch = make_batch(examples)
+    with torch.no_grad():
+        whole = model(batch, source=source)
+    steps, agreeing = transition_counts(whole.transition_logits, batch.transitions).sum(0).tolist()
+    assert (found.transition_steps, found.transition_agreement) == (steps, agreeing)
+    assert steps == (sum(len(e.premise_transitions) + len(e.hypothesis_transitions) for e in examples))
+    expected = torch.softmax(whole.logits, dim=1)  # (P, C)
+    assert torch.allclose(torch.from_numpy(found.probabilities), expected, atol=TOLERANCE)
 
 
 @needs_snli

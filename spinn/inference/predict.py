@@ -1,10 +1,12 @@
-"""predict(): a model over examples, in length-sorted batches, read back once; the one inference loop.
+"""predict(): a model over examples, each distinct sentence encoded once, read back once; the one inference loop.
 
 Evaluation, labelling and `spinn trees` all call it, so a label, a score and
 a drawn tree come from the same batches, the same step and the same CUDA
-graphs. Batches are cut by length (bucket_batches, without shuffling) so
-padding stays low; the outputs stay on the device until the last batch is
-done, and come back in input order.
+graphs. The pairs' distinct sentences are sorted by length and encoded in
+batches of twice the pair batch size (as many sentences as a batch of pairs
+holds), so padding stays low and a repeated premise costs nothing; then the
+classifier reads each pair's two vectors. The outputs stay on the device
+until the last batch is done, and come back in input order.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from torch import Tensor
 from spinn.data.example import Example
 from spinn.errors import SpinnError
 from spinn.inference.step import InferStep
-from spinn.model.batch import WIDTH_STEP, bucket_batches, make_batch
+from spinn.model.batch import WIDTH_STEP, sentence_batch
 from spinn.model.config import TransitionSource
 from spinn.model.spinn import SPINN, transition_counts
 from spinn.trees.transitions import PAD_TRANSITION, transition_count
 
 Steps = tuple[int, ...]
+SENTENCES_PER_PAIR = 2
+"""A batch of B pairs holds 2B sentences: sentence batches are that size, so the GEMMs keep their shapes."""
 
 
 @dataclass(frozen=True)
@@ -46,16 +50,6 @@ class Predictions:
         return self.transition_agreement / self.transition_steps if self.transition_steps else None
 
 
-@dataclass(frozen=True)
-class _Ran:
-    """One batch's outputs, still on the device."""
-
-    indices: list[int]
-    probabilities: Tensor  # (b, C)
-    transitions: Tensor  # (2b, T) premises then hypotheses
-    agreement: Tensor | None  # (2,) [real steps, agreeing steps]
-
-
 def predict(
     model: SPINN,
     examples: Sequence[Example],
@@ -69,59 +63,127 @@ def predict(
     """Run `model` over `examples` on `source` transitions; the batch size and order change no number.
 
     step: a caller that predicts often (training's dev evaluation) passes its own, so its CUDA graphs
-    are kept. on_batch: told the pair count of each batch as it is submitted (progress)."""
+    are kept. on_batch: told, as each batch of sentences is submitted, the pairs it completes (progress)."""
     if not examples:
         raise SpinnError("nothing to predict: no examples")
     step = step or InferStep(model, source)
     if step.source is not source:
         raise SpinnError(f"the inference step runs on {step.source.value} transitions, not {source.value}")
+    sentences = Sentences.of(examples)
+    batches = sentences.batches(SENTENCES_PER_PAIR * batch_size)
+    uses, done = sentences.uses(), _pairs_done(sentences, batches)
     was_training = model.training
     try:
-        runs = [
-            _run(step, examples, indices, device, on_batch)
-            for indices in bucket_batches(examples, batch_size, shuffle=False)
-        ]
+        encoded = []
+        for indices, pairs in zip(batches, done, strict=True):
+            encoded.append(_encode(step, sentences, indices, uses, device))
+            if on_batch is not None and pairs:
+                on_batch(pairs)
+        probabilities = _classify(step, encoded, sentences, batch_size)
     finally:
         model.train(was_training)  # the step ran it in eval mode (no dropout, batch norm's running statistics)
-    return _read_back(runs, examples)
+    return _read_back(probabilities, encoded, sentences)
 
 
-def _run(
-    step: InferStep,
-    examples: Sequence[Example],
-    indices: list[int],
-    device: torch.device,
-    on_batch: Callable[[int], None] | None,
-) -> _Ran:
-    """One batch through the step; nothing is read back."""
-    batch = make_batch([examples[i] for i in indices], width_step=WIDTH_STEP).to(device, non_blocking=True)
-    output = step(batch)
-    agreement = None if output.transition_logits is None else transition_counts(output, batch)  # (2,)
-    if on_batch is not None:
-        on_batch(len(indices))
-    return _Ran(indices, torch.softmax(output.logits.float(), dim=1), output.transitions, agreement)
+@dataclass(frozen=True)
+class Sentences:
+    """The distinct sentences of a list of pairs, and where each pair's two sentences are among them.
+
+    A sentence's encoding does not depend on its partner (the encoder reads each
+    sentence on its own; batch norm in evaluation is per row), and NLI corpora
+    repeat their premises: the 10,000 SNLI test pairs hold 3,323 distinct
+    premises, and their distinct sentences 56% of their words. So each distinct
+    (words, transitions) is encoded once; equal keys are equal inputs, so only
+    the work changes."""
+
+    words: list[tuple[int, ...]]
+    transitions: list[tuple[int, ...]]
+    premise: Tensor  # (P,) long, each pair's premise among the distinct sentences
+    hypothesis: Tensor  # (P,) long
+
+    @classmethod
+    def of(cls, examples: Sequence[Example]) -> Sentences:
+        index: dict[tuple, int] = {}
+        premise = [index.setdefault((e.premise, e.premise_transitions), len(index)) for e in examples]
+        hypothesis = [index.setdefault((e.hypothesis, e.hypothesis_transitions), len(index)) for e in examples]
+        words, transitions = zip(*index, strict=True)
+        return cls(list(words), list(transitions), torch.tensor(premise), torch.tensor(hypothesis))
+
+    def batches(self, size: int) -> list[list[int]]:
+        """Sentences sorted by length and cut into batches of `size`: little padding, few distinct widths."""
+        if size < 1:
+            raise SpinnError(f"batch size must be at least 1, got {size}")
+        order = sorted(range(len(self.words)), key=lambda i: (len(self.words[i]), i))
+        return [order[start : start + size] for start in range(0, len(order), size)]
+
+    def uses(self) -> Tensor:
+        """(S,) how many times each distinct sentence occurs in the pairs."""
+        return torch.bincount(torch.cat([self.premise, self.hypothesis]), minlength=len(self.words))
 
 
-def _read_back(runs: list[_Ran], examples: Sequence[Example]) -> Predictions:
-    """Every batch's outputs to the host in one copy each, put back in input order."""
-    order = torch.tensor([index for ran in runs for index in ran.indices])  # (N,) input index of each sorted row
-    width = max(ran.transitions.shape[1] for ran in runs)
-    premises, hypotheses = zip(*(_padded(ran.transitions, width).split(len(ran.indices)) for ran in runs), strict=True)
-    sorted_probabilities = torch.cat([ran.probabilities for ran in runs]).cpu()  # (N, C)
-    probabilities = torch.empty_like(sorted_probabilities)
-    probabilities[order] = sorted_probabilities
-    ran_premises, ran_hypotheses = torch.cat(premises).tolist(), torch.cat(hypotheses).tolist()  # (N, T) each
-    position = torch.empty_like(order)
-    position[order] = torch.arange(len(order))  # (N,) sorted row of each input
-    rows = position.tolist()
-    agreements = [ran.agreement for ran in runs if ran.agreement is not None]
-    steps, agreeing = torch.stack(agreements).sum(0).tolist() if agreements else (0, 0)
+@dataclass(frozen=True)
+class _Encoded:
+    """One batch of sentences' encoder outputs, still on the device."""
+
+    indices: list[int]
+    vectors: Tensor  # (n, D)
+    transitions: Tensor  # (n, T)
+    agreement: Tensor | None  # (2,) [real steps, agreeing steps], a sentence counted once per use
+
+
+def _encode(step: InferStep, sentences: Sentences, indices: list[int], uses: Tensor, device: torch.device) -> _Encoded:
+    """One batch of distinct sentences through the step's encoder; nothing is read back."""
+    words = [sentences.words[i] for i in indices]
+    batch = sentence_batch(words, [sentences.transitions[i] for i in indices], width_step=WIDTH_STEP)
+    batch = batch.to(device, non_blocking=True)
+    encoding = step.encode(batch)
+    agreement = None
+    if encoding.transition_logits is not None:
+        counts = transition_counts(encoding.transition_logits, batch.transitions)  # (n, 2)
+        agreement = (counts * uses[indices].to(counts.device)[:, None]).sum(0)  # (2,)
+    return _Encoded(indices, encoding.vectors, encoding.transitions, agreement)
+
+
+def _pairs_done(sentences: Sentences, batches: list[list[int]]) -> list[int]:
+    """The pairs whose later sentence each batch encodes: what progress counts as that batch's pairs."""
+    batch_of = torch.empty(len(sentences.words), dtype=torch.long)  # (S,)
+    for number, indices in enumerate(batches):
+        batch_of[indices] = number
+    done = torch.maximum(batch_of[sentences.premise], batch_of[sentences.hypothesis])  # (P,)
+    return torch.bincount(done, minlength=len(batches)).tolist()
+
+
+def _classify(step: InferStep, encoded: list[_Encoded], sentences: Sentences, batch_size: int) -> Tensor:
+    """(P, C) class probabilities of the pairs in input order, from their sentences' vectors; on the device."""
+    vectors = torch.cat([batch.vectors for batch in encoded])  # (S, D) in encoding order
+    row = torch.empty(len(sentences.words), dtype=torch.long)  # (S,) where each distinct sentence lies in it
+    row[[index for batch in encoded for index in batch.indices]] = torch.arange(len(row))
+    premise = row[sentences.premise].to(vectors.device)  # (P,)
+    hypothesis = row[sentences.hypothesis].to(vectors.device)  # (P,)
+    probabilities = []
+    for start in range(0, len(premise), batch_size):
+        pairs = slice(start, start + batch_size)
+        logits = step.classify(vectors[premise[pairs]], vectors[hypothesis[pairs]])  # (b, C)
+        probabilities.append(torch.softmax(logits.float(), dim=1))
+    return torch.cat(probabilities)  # (P, C)
+
+
+def _read_back(probabilities: Tensor, encoded: list[_Encoded], sentences: Sentences) -> Predictions:
+    """The probabilities and every sentence's transitions to the host in one copy each, given to each pair."""
+    width = max(batch.transitions.shape[1] for batch in encoded)
+    ran = torch.cat([_padded(batch.transitions, width) for batch in encoded]).tolist()  # (S, T) encoding order
+    steps: list[Steps] = [()] * len(sentences.words)
+    for row, index in enumerate(index for batch in encoded for index in batch.indices):
+        steps[index] = _own_steps(ran[row], len(sentences.words[index]))
+    probabilities = probabilities.cpu()  # (P, C)
+    agreements = [batch.agreement for batch in encoded if batch.agreement is not None]
+    real, agreeing = torch.stack(agreements).sum(0).tolist() if agreements else (0, 0)
     return Predictions(
         probabilities.numpy(),
         probabilities.argmax(1).numpy(),
-        [_own_steps(ran_premises[row], len(e.premise)) for row, e in zip(rows, examples, strict=True)],
-        [_own_steps(ran_hypotheses[row], len(e.hypothesis)) for row, e in zip(rows, examples, strict=True)],
-        int(steps),
+        [steps[i] for i in sentences.premise.tolist()],
+        [steps[i] for i in sentences.hypothesis.tolist()],
+        int(real),
         int(agreeing),
     )
 

@@ -1,19 +1,21 @@
 """The inference step: a device batch in, the model's output out, without gradients, from a CUDA graph on a GPU.
 
-`predict` runs it over a corpus, `spinn bench --mode infer` times it, and
-training keeps one for its periodic dev evaluation so that the graphs it
-captured survive from one evaluation to the next.
+`predict` runs it over a corpus (`encode` each distinct sentence, then
+`classify` the pairs), `spinn bench --mode infer` times the whole model on
+pair batches, and training keeps one for its periodic dev evaluation so
+that the graphs it captured survive from one evaluation to the next.
 """
 
 from __future__ import annotations
 
 import torch
+from torch import Tensor
 
 from spinn.errors import SpinnError
 from spinn.inference.graphs import Graphs, autocast
 from spinn.model.batch import Batch
 from spinn.model.config import TransitionSource
-from spinn.model.spinn import SPINN, SPINNOutput
+from spinn.model.spinn import SPINN, Encoding, SPINNOutput
 
 
 class InferStep:
@@ -35,15 +37,41 @@ class InferStep:
             if self.device.type != "cpu":
                 raise SpinnError(f"int8 runs on the CPU only; this model is on {self.device.type}")
             model.quantize_int8()
-        self.graphs = Graphs(self._run, self.device) if graphs and self.device.type == "cuda" else None
+        graphed = graphs and self.device.type == "cuda"
+        self.graphs = Graphs(self._run, self.device) if graphed else None
+        self.encoder_graphs = Graphs(self._encode, self.device) if graphed else None
 
     def __call__(self, batch: Batch) -> SPINNOutput:
+        """The whole model over a batch of pairs."""
         self.model.eval()
         if self.graphs is None:
             return self._run(batch)
-        output = self.graphs.run(batch)
-        return SPINNOutput(*(None if value is None else value.clone() for value in output))
+        return SPINNOutput(*_copied(self.graphs.run(batch)))
+
+    def encode(self, sentences: Batch) -> Encoding:
+        """The encoder over a batch of sentences (sentence_batch): vectors, transition scores, transitions."""
+        self.model.eval()
+        if self.encoder_graphs is None:
+            return self._encode(sentences)
+        return Encoding(*_copied(self.encoder_graphs.run(sentences)))
+
+    def classify(self, premise: Tensor, hypothesis: Tensor) -> Tensor:
+        """(B, C) class logits of B pairs from their sentence vectors (B, D) each; a small eager step."""
+        self.model.eval()
+        with torch.no_grad(), autocast(self.device, self.amp, False):
+            return self.model.classifier(premise, hypothesis)
 
     def _run(self, batch: Batch) -> SPINNOutput:
         with torch.no_grad(), autocast(self.device, self.amp, self.graphs is not None):
             return self.model(batch, source=self.source)
+
+    def _encode(self, sentences: Batch) -> Encoding:
+        with torch.no_grad(), autocast(self.device, self.amp, self.encoder_graphs is not None):
+            return self.model.encode(
+                sentences.tokens, sentences.lengths, self.source, sentences.plan, sentences.transitions
+            )
+
+
+def _copied(outputs: tuple) -> list:
+    """A replayed graph's outputs, copied out: the next replay of that shape overwrites them."""
+    return [None if value is None else value.clone() for value in outputs]

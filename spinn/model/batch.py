@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -37,7 +37,8 @@ WIDTH_STEP = 4
 
 @dataclass(frozen=True)
 class Batch:
-    """Padded tensors for B pairs = N = 2B sentences (rows 0..B-1 premises, B..2B-1 hypotheses)."""
+    """Padded tensors for B pairs = N = 2B sentences (rows 0..B-1 premises, B..2B-1 hypotheses), or for N
+    sentences alone (sentence_batch: no labels, no pairs), which is what inference encodes."""
 
     tokens: Tensor  # (N, L) long, right-padded with PAD_ID
     lengths: Tensor  # (N,) long, words per sentence
@@ -75,7 +76,7 @@ def bucket_width(longest: int, step: int = WIDTH_STEP) -> int:
 
 
 def make_batch(examples: Sequence[Example], *, width_step: int = 1) -> Batch:
-    """Pad a list of pairs into one Batch with its step plan.
+    """Pad a list of pairs into one Batch with its step plan: premises, then hypotheses.
 
     Each sentence has 2n-1 transitions, or none at all (tokens-only data for
     models that build their own trees: its row is all padding, and the batch
@@ -86,7 +87,22 @@ def make_batch(examples: Sequence[Example], *, width_step: int = 1) -> Batch:
         raise SpinnError("cannot make a batch of zero examples")
     sentences = [e.premise for e in examples] + [e.hypothesis for e in examples]
     transitions = [e.premise_transitions for e in examples] + [e.hypothesis_transitions for e in examples]
+    batch = sentence_batch(sentences, transitions, width_step=width_step)
+    labels = [e.label for e in examples]
+    label_tensor = None if any(label is None for label in labels) else torch.tensor(labels, dtype=torch.long)
+    return replace(batch, labels=label_tensor)
+
+
+def sentence_batch(
+    sentences: Sequence[Sequence[int]], transitions: Sequence[Sequence[int]], *, width_step: int = 1
+) -> Batch:
+    """Pad sentences (word ids) and their transitions (2n-1 each, or none) into a Batch without labels.
+
+    The encoder reads every sentence on its own, so this is also a batch in its
+    own right: inference encodes each distinct sentence once (spinn/inference/predict.py)."""
     lengths = np.array([len(s) for s in sentences], dtype=np.int64)
+    if not len(lengths):
+        raise SpinnError("cannot make a batch of zero sentences")
     if lengths.min() < 1:
         raise SpinnError("every sentence needs at least one token")
     for sentence, sequence in zip(sentences, transitions, strict=True):
@@ -96,15 +112,13 @@ def make_batch(examples: Sequence[Example], *, width_step: int = 1) -> Batch:
             )
     width = bucket_width(int(lengths.max()), width_step)
     steps = transition_count(width)
-    tokens = np.full((len(sentences), width), PAD_ID, dtype=np.int64)
-    padded = np.full((len(sentences), steps), PAD_TRANSITION, dtype=np.int64)
+    tokens = np.full((len(sentences), width), PAD_ID, dtype=np.int64)  # (N, L)
+    padded = np.full((len(sentences), steps), PAD_TRANSITION, dtype=np.int64)  # (N, T)
     for row, (sentence, sequence) in enumerate(zip(sentences, transitions, strict=True)):
         tokens[row, : len(sentence)] = sentence
         padded[row, : len(sequence)] = sequence
-    labels = [e.label for e in examples]
-    label_tensor = None if any(label is None for label in labels) else torch.tensor(labels, dtype=torch.long)
     plan = gold_plan(padded, lengths, width) if all(transitions) else None
-    return Batch(torch.from_numpy(tokens), torch.from_numpy(lengths), torch.from_numpy(padded), label_tensor, plan)
+    return Batch(torch.from_numpy(tokens), torch.from_numpy(lengths), torch.from_numpy(padded), None, plan)
 
 
 def own_steps(transitions: Tensor, row: int, n_tokens: int) -> list[int]:

@@ -171,7 +171,6 @@ class SPINN(nn.Module):
 
         sampled: rl draws its trees from `uniforms` (N, T) when given (tests), else fresh draws.
         """
-        self._check_trees(source, batch)
         sampled = source is TransitionSource.SAMPLED
         if sampled and uniforms is None:
             uniforms = draw_uniforms(batch.tokens.shape[0], batch.transitions.shape[1], batch.tokens.device)
@@ -181,9 +180,9 @@ class SPINN(nn.Module):
         baseline = self.baseline(self._pair_features(batch)) if sampled else None  # (B,)
         return SPINNOutput(logits, premise, hypothesis, encoding.transition_logits, encoding.transitions, baseline)
 
-    def _check_trees(self, source: TransitionSource, batch: Batch) -> None:
+    def _check_trees(self, source: TransitionSource, plan: StepPlan | None) -> None:
         """Gold transitions need a parse of every sentence (a plan); tokens-only data has none."""
-        if source is TransitionSource.GOLD and self.config.uses_trees and batch.plan is None:
+        if source is TransitionSource.GOLD and self.config.uses_trees and plan is None:
             raise SpinnError(
                 "some sentences have no tree (tokens-only data): only a model that builds its own "
                 "trees can read them (rl, or spinn on greedy transitions)"
@@ -227,6 +226,7 @@ class SPINN(nn.Module):
             raise SpinnError(f"a {self.config.variant} model cannot run on {source.value} transitions, only {runs}")
         if uniforms is not None and source is not TransitionSource.SAMPLED:
             raise SpinnError(f"uniform draws are for sampled transitions; this run is {source.value}")
+        self._check_trees(source, plan)
         n, width = tokens.shape
         real_words = torch.arange(width, device=tokens.device) < lengths[:, None]  # (N, L)
         words = self.embedding(tokens.reshape(-1), real_words.reshape(-1)).to(self.state_dtype)  # (N*L, 2D)
@@ -311,18 +311,17 @@ def _rl_loss(
     return Loss(total, classification, supervised, terms)
 
 
-def transition_counts(output: SPINNOutput, batch: Batch) -> Tensor:
-    """(2,) [real steps, steps where the tracker's best legal action is the gold one], on the device.
+def transition_counts(transition_logits: Tensor, transitions: Tensor) -> Tensor:
+    """(N, 2) per sentence: [real steps, steps where the tracker's best legal action is the given one], on the
+    device. transition_logits (N, T, 2), transitions (N, T) padded with PAD_TRANSITION.
 
     On a predicted-transitions run the best legal action is the one that ran,
     so the same count scores both modes. Counts, not a ratio, so callers can
-    sum them over batches and read them once.
+    weigh and sum them over sentences and batches and read them once.
     """
-    if output.transition_logits is None:
-        raise SpinnError("this output has no transition predictions")
-    real = batch.transitions != PAD_TRANSITION  # (N, T)
-    correct = (output.transition_logits.argmax(-1) == batch.transitions) & real  # (N, T)
-    return torch.stack([real.sum(), correct.sum()])
+    real = transitions != PAD_TRANSITION  # (N, T)
+    correct = (transition_logits.argmax(-1) == transitions) & real  # (N, T)
+    return torch.stack([real.sum(1), correct.sum(1)], 1)  # (N, 2)
 
 
 def random_vectors(vocab_size: int, d_embed: int, seed: int = 0) -> Tensor:
