@@ -44,3 +44,14 @@ def test_both_pending_parses_have_what_the_labeller_reads() -> None:
         assert hasattr(PendingParses, name) and hasattr(ready, name), name
     assert "to_parse" in Tokenized.__annotations__
     assert (ready.seconds_after(0.0), ready.finished_at, ready.result()) == (0.5, 0.0, {})
+
+
+def test_the_token_only_parser_tokenizes_each_distinct_text_once(monkeypatch) -> None:
+    """A premise repeated across pairs is tokenized once, as Stanza parses it once."""
+    import spinn.parsing.parse as parse
+
+    seen: list[str] = []
+    monkeypatch.setattr(parse, "tokenize", lambda text: seen.append(text) or text.split())
+    results = TokenOnly(max_tokens=10).parse(["A dog runs .", "A cat sits .", "A dog runs .", "A dog runs ."])
+    assert sorted(seen) == ["A cat sits .", "A dog runs ."]
+    assert results["A dog runs ."] == Parsed(["A", "dog", "runs", "."], [], "")

@@ -71,7 +71,8 @@ class TokenOnly:
         self.max_tokens = max_tokens
 
     def parse(self, sentences: Iterable[str]) -> dict[str, Parsed | Unparsed]:
-        return {text: self._tokens(text) for text in sentences}
+        """Each distinct text tokenized once (NLI corpora repeat their premises, as SentenceParser knows)."""
+        return {text: self._tokens(text) for text in dict.fromkeys(sentences)}
 
     def submit(self, sentences: Iterable[str], progress: Progress | None = None) -> Tokenized:
         """SentenceParser.submit's twin: tokenizing is quick, so the result is ready at once."""
