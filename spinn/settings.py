@@ -80,7 +80,8 @@ class Settings(BaseModel):
     section: ClassVar[str | None] = None
     """The params.yaml section this stage reads (None: the stage is not part of `dvc repro`)."""
     not_on_cli: ClassVar[dict[str, str]] = {}
-    """Fields the stage's command does not offer as options, each with the reason (tests hold us to it)."""
+    """Fields the stage's command does not offer as options (a nested one dotted: `columns.label`), each with
+    the reason (tests hold us to it)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
