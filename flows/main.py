@@ -131,7 +131,7 @@ def _requests(params: Path | None, data_dir: Path, download: dict, training: lis
             TrainRequest(params=params, settings=settings, **run),
         )
     except ValidationError as error:  # what only a request checks (credentials in a URL): said the same way
-        raise SpinnError("; ".join(message for _, message in describe(error))) from None
+        raise SpinnError("; ".join(problem.message for problem in describe(error))) from None
 
 
 def _smoke_key(key: str) -> str:

@@ -52,7 +52,7 @@ from spinn.model.loading import resolve_device
 from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
-from spinn.settings import Settings, usable_cores
+from spinn.settings import Conflict, Settings, usable_cores
 from spinn.training.loader import prefetch
 from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer
 
@@ -112,12 +112,17 @@ class BenchSettings(Settings):
 
     @model_validator(mode="after")
     def _reference_can_run(self) -> BenchSettings:
+        """Each conflict blames the option that asks for what cannot run (`--profile`, not `--device`)."""
         if self.impl == "reference" and self.variant == "rl":
-            raise ValueError("variant rl has no reference implementation; use the fast one")
+            raise Conflict("variant rl has no reference implementation; use the fast one", "impl", "variant")
         if self.impl == "reference" and self.mode == "loop":
-            raise ValueError("the loop mode runs the training loop, which has the fast implementation only")
+            raise Conflict(
+                "the loop mode runs the training loop, which has the fast implementation only", "impl", "mode"
+            )
         if self.profile and self.device != "cuda":
-            raise ValueError("profile measures GPU kernels; it needs device cuda (count_ops works anywhere)")
+            raise Conflict(
+                "measures GPU kernels, so it needs device cuda (count_ops works anywhere)", "profile", "device"
+            )
         return self
 
 

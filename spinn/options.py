@@ -33,7 +33,8 @@ DEPRECATION_RELEASE = "0.3"
 
 
 def field_options(model: type[Settings], *, exclude: tuple[str, ...] = ()) -> Callable[[F], F]:
-    """Decorate a click command with one option per field of `model` (fields in `exclude` left out)."""
+    """Decorate a click command with one option per field of `model` (fields in `exclude` and the model's
+    `not_on_cli` left out)."""
 
     def decorate(command: F) -> F:
         for path, info, default, note in reversed(list(_fields(model, (), None, exclude))):
@@ -103,9 +104,11 @@ def _fields(
     A parent's default instance supplies its children's defaults (train's model defaults are the pi
     preset's, not SPINNConfig's), and a parent whose defaults come from elsewhere (`default_from`) says so
     for its children, unless a child says otherwise."""
+    if not prefix:
+        exclude = (*exclude, *model.not_on_cli)
     for name, info in model.model_fields.items():
         path = (*prefix, name)
-        if ".".join(path) in exclude or name in model.not_on_cli and not prefix:
+        if ".".join(path) in exclude:
             continue
         default = getattr(defaults, name) if defaults is not None else _default(info)
         extra = _extra(info)

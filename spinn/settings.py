@@ -57,6 +57,24 @@ class SettingsError(SpinnError, ValueError):
         super().__init__("; ".join(f"{place}: {message}" for place, message in problems))
 
 
+class Conflict(ValueError):
+    """A problem of several fields together, raised by a model validator with the fields in the order to blame
+    them: the error names the first one the user set, in the words of the place that set it (`--profile`),
+    since a problem of the settings as a whole has no field of its own to be named by."""
+
+    def __init__(self, message: str, *fields: str):
+        super().__init__(message)
+        self.fields = fields
+
+
+class Problem(NamedTuple):
+    """One validation problem in plain words, and the fields it is about: one field's path, or for a
+    `Conflict` each of its fields' paths, in the order to blame them."""
+
+    locs: tuple[tuple[str, ...], ...]
+    message: str
+
+
 class Layer(NamedTuple):
     """Settings from one place the user wrote them, and how that place names a dotted key.
 
@@ -80,7 +98,8 @@ class Settings(BaseModel):
     section: ClassVar[str | None] = None
     """The params.yaml section this stage reads (None: the stage is not part of `dvc repro`)."""
     not_on_cli: ClassVar[dict[str, str]] = {}
-    """Fields the stage's command does not offer as options, each with the reason (tests hold us to it)."""
+    """Fields the stage's command does not offer as options (a nested one dotted: `columns.label`), each with
+    the reason (tests hold us to it)."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -99,8 +118,9 @@ class Settings(BaseModel):
     @classmethod
     def build(cls, *layers: dict[str, Any] | Layer, where: str | None = None) -> Self:
         """Validate the merged layers (later ones win, nested sections merge key by key); each problem is
-        named by the layer whose value failed (the last one that holds the key), a problem of the settings
-        as a whole by `where`."""
+        named by the layer whose value failed (the last one that holds the key), a key nobody gave (a
+        required one) by the last layer, where the user would give it, and only a problem of the settings as
+        a whole that names no field (no `Conflict`) by `where`."""
         where = where or cls.section or cls.__name__
         named = [layer if isinstance(layer, Layer) else Layer(layer, lambda key: f"{where}: {key}") for layer in layers]
         merged: dict[str, Any] = {}
@@ -109,7 +129,8 @@ class Settings(BaseModel):
         try:
             return cls.model_validate(merged)
         except ValidationError as error:
-            raise SettingsError(_placed(describe(error, cls), named, merged, where)) from None
+            last = named[-1] if named else Layer({}, lambda key: f"{where}: {key}")
+            raise SettingsError(_placed(describe(error, cls), named, merged, last, where)) from None
 
     @classmethod
     def from_params(cls, path: Path | None, *overrides: dict[str, Any] | Layer) -> Self:
@@ -249,12 +270,14 @@ PYDANTIC_SHOULD, SHOULD = "Input should be ", "must be "
 GOT = " (got "
 
 
-def describe(error: ValidationError, model: type[BaseModel] | None = None) -> list[tuple[tuple[str, ...], str]]:
-    """(field path, plain message) per problem: no pydantic prefix or URL, the rejected value when pydantic
-    kept one, and for an unknown key of `model` the nearest known one."""
+def describe(error: ValidationError, model: type[BaseModel] | None = None) -> list[Problem]:
+    """The problems in plain words: no pydantic prefix or URL, the rejected value when pydantic kept one,
+    and for an unknown key of `model` the nearest known one."""
     problems = []
     for item in error.errors(include_url=False):
         loc = tuple(str(part) for part in item["loc"])
+        cause = item.get("ctx", {}).get("error")
+        fields = cause.fields if isinstance(cause, Conflict) else ()
         template = PLAIN_WORDS.get(item["type"])
         message = template.format(**item.get("ctx", {})) if template else item["msg"].removeprefix(PYDANTIC_PREFIX)
         if message.startswith(PYDANTIC_SHOULD):
@@ -263,7 +286,7 @@ def describe(error: ValidationError, model: type[BaseModel] | None = None) -> li
             message += _did_you_mean(model, loc)
         elif "input" in item and not isinstance(item["input"], dict) and GOT not in message:
             message += f"{GOT}{item['input']!r})"
-        problems.append((loc, message))
+        problems.append(Problem(tuple((*loc, field) for field in fields) or (loc,), message))
     return problems
 
 
@@ -277,15 +300,31 @@ def _did_you_mean(model: type[BaseModel] | None, loc: tuple[str, ...]) -> str:
 
 
 def _placed(
-    problems: list[tuple[tuple[str, ...], str]], layers: list[Layer], merged: dict[str, Any], where: str
+    problems: list[Problem], layers: list[Layer], merged: dict[str, Any], last: Layer, where: str
 ) -> list[tuple[str, str]]:
-    """(place, message) per problem: the place of the last layer that holds its key, since that layer's value
-    won the merge and failed; a problem of the settings as a whole (no key) is placed at `where`."""
+    """(place, message) per problem, in the words of one rule for every command: the first of its fields
+    that a layer holds, placed by the last layer that holds it (that layer's value won the merge and failed);
+    a field no layer holds (a required one nobody gave, a conflict among defaults) by the `last` layer,
+    where the user would give it; a problem of the settings as a whole that names no field at `where`."""
     placed = []
-    for loc, message in problems:
-        source = next((layer for layer in reversed(layers) if loc and _holds(layer.values, loc)), None)
-        placed.append((source.place(_written_key(merged, loc)) if source else where, message))
+    for problem in problems:
+        loc, source = _blamed(problem.locs, layers)
+        if source is not None:
+            place = source.place(_written_key(merged, loc))
+        else:
+            place = last.place(".".join(loc)) if loc else where
+        placed.append((place, problem.message))
     return placed
+
+
+def _blamed(locs: tuple[tuple[str, ...], ...], layers: list[Layer]) -> tuple[tuple[str, ...], Layer | None]:
+    """The first of a problem's fields that some layer sets, with the last layer that sets it (its value won
+    the merge); else the first field, set by none."""
+    for loc in locs:
+        source = next((layer for layer in reversed(layers) if loc and _holds(layer.values, loc)), None)
+        if source is not None:
+            return loc, source
+    return locs[0], None
 
 
 def _holds(values: dict[str, Any], loc: tuple[str, ...]) -> bool:

@@ -146,7 +146,7 @@ def test_reads_a_prepared_parquet_split(corpus, tmp_path):
     [
         ({"mode": "fit"}, "mode: must be 'train', 'infer' or 'loop'"),
         ({"mode": "loop", "impl": "reference"}, "the loop mode runs the training loop"),
-        ({"profile": True}, "profile measures GPU kernels; it needs device cuda"),
+        ({"profile": True}, "profile: measures GPU kernels, so it needs device cuda"),
         ({"impl": "slow"}, "impl: must be 'fast' or 'reference'"),
         ({"device": "tpu"}, "device: must be 'cpu' or 'cuda'"),
         ({"steps": 0}, "steps: must be at least 1"),

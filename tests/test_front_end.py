@@ -8,6 +8,7 @@ while the command line or its settings are read, so nothing else runs.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -29,6 +30,7 @@ INPUTS: dict[str, Arguments] = {
     "label": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--output", str(d / "out.parquet")],
     "trees": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--output", str(d / "trees.jsonl")],
     "bench-label": lambda d: [str(d / "pairs.csv"), "--model", str(d / "m.pt")],
+    "bench": lambda d: [],
 }
 """Each command with inputs that exist (made by `inputs`): the case under test adds the one mistake."""
 MISSING_INPUT = {
@@ -47,6 +49,9 @@ MISSING_INPUT = {
 WITH_CONFIG = ("download", "prepare", "vocab", "embeddings", "train", "evaluate")
 """The commands that read a params file (`--config`)."""
 INPUT_NAMES = ("dev.jsonl", "train.parquet", "dev.parquet", "vocab.json", "m.pt", "pairs.csv")
+CLASS_NAME = re.compile(r"\b\w+(Settings|Config|Overrides|Request)\b")
+"""A settings class's name, which a user never typed: an error names the option, `--set` key or params.yaml
+entry that gave the value (`spinn bench --profile` said `BenchSettings:`; issue 24)."""
 
 
 def inputs(folder: Path) -> Path:
@@ -130,6 +135,37 @@ CASES = [
         "parse", rewritten("pairs.csv", parquet_bytes()), "is a Parquet file, not csv", id="parse-parquet-named-csv"
     ),
     pytest.param("trees", lambda d: ["--html", str(d / "t.txt")], "--html writes .html", id="trees-html"),
+    pytest.param("bench", lambda d: ["--profile"], "error: --corpus: is required", id="bench-no-corpus"),
+    pytest.param(
+        "bench",
+        lambda d: ["--corpus", str(d / "dev.jsonl"), "--profile"],
+        "error: --profile: measures GPU kernels, so it needs device cuda",
+        id="bench-profile-on-cpu",
+    ),
+    pytest.param(
+        "bench",
+        lambda d: ["--corpus", str(d / "dev.jsonl"), "--variant", "rl", "--impl", "reference"],
+        "error: --impl: variant rl has no reference implementation",
+        id="bench-rl-reference",
+    ),
+    pytest.param(
+        "bench-label",
+        lambda d: ["--threads", "zero"],
+        "error: --threads: must be a number of threads",
+        id="bench-label",
+    ),
+    pytest.param(
+        "download",
+        lambda d: ["--url", "http://127.0.0.1/snli.zip", "--file", str(d / "dev.jsonl")],
+        "error: --url: give url (a mirror) or file (a local copy), not both",
+        id="download-url-and-file",
+    ),
+    pytest.param(
+        "train",
+        lambda d: ["--set", "model.d_tracker=0"],
+        "error: --set model.d_tracker: variant pi needs d_tracker >= 1",
+        id="train-no-tracker",
+    ),
 ]
 
 
@@ -144,4 +180,5 @@ def test_a_front_end_mistake_is_one_error_line_before_any_work(command, mistake,
     lines = result.stderr.strip().splitlines()
     assert result.exit_code == EXIT_USER_ERROR, (result.output, result.exception)
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
+    assert not CLASS_NAME.search(lines[0]), lines[0]
     assert not {"out", "raw", "data"} & {path.name for path in folder.iterdir()}

@@ -318,7 +318,7 @@ def test_a_model_that_needs_parses_serves_with_stanza_as_spinn_label_does(tmp_pa
     monkeypatch.chdir(tmp_path)
     checkpoint = untrained_pi_model(tmp_path / "pi.pt")
     with tracking.run("pi-model") as run_id:
-        model_id = log_model(run_id, checkpoint, RELEASE / "vocab.json", RELEASE / "config.json", {})
+        model_id = log_model(run_id, checkpoint, RELEASE / "vocab.json", RELEASE / "config.json", {}, needs_parser=True)
     pairs = add_refused(release_pairs().head(7))
     served = mlflow.pyfunc.load_model(f"models:/{model_id}").predict(pairs[["premise", "hypothesis"]])
     source = tmp_path / "pairs.csv"
@@ -339,12 +339,71 @@ def test_logging_a_checkpoint_again_keeps_the_logged_model_the_run_has(tmp_path,
     monkeypatch.chdir(tmp_path)
     files = [RELEASE / name for name in ("checkpoint.pt", "vocab.json", "config.json")]
     with tracking.run("relogged") as run_id:
-        first = log_model(run_id, *files, {"accuracy": 0.5, "per_class": {}})
-        assert log_model(run_id, *files, {"accuracy": 0.5}) == first
+        first = log_model(run_id, *files, {"accuracy": 0.5, "per_class": {}}, needs_parser=False)
+        assert log_model(run_id, *files, {"accuracy": 0.5}, needs_parser=False) == first
     experiment = mlflow.MlflowClient().get_run(run_id).info.experiment_id
     found = mlflow.search_logged_models(experiment_ids=[experiment], output_format="list")
     assert [model.model_id for model in found] == [first]
     assert {metric.key: metric.value for metric in found[0].metrics} == {"dev_accuracy": 0.5}
+
+
+def recorded_imports(monkeypatch, package: str) -> list[str]:
+    """Every import statement of `package` or its modules from now on, recorded (it goes on as usual):
+    whether one ran is known even when an earlier test imported the package into this process."""
+    import builtins
+
+    attempts: list[str] = []
+    real = builtins.__import__
+
+    def recording(name, *args, **kwargs):
+        if name == package or name.startswith(f"{package}."):
+            attempts.append(name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", recording)
+    return attempts
+
+
+def recorded_predictions(monkeypatch) -> list[int]:
+    """The row count of every call of the pyfunc's predict from now on (MLflow's check of the input example
+    loads the logged model in this process and predicts the example)."""
+    from spinn.serving.pyfunc import SpinnModel
+
+    calls: list[int] = []
+    real = SpinnModel.predict
+
+    def recording(self, context, model_input, params=None):
+        calls.append(len(model_input))
+        return real(self, context, model_input, params)
+
+    monkeypatch.setattr(SpinnModel, "predict", recording)
+    return calls
+
+
+@pytest.mark.parametrize(("variant", "checked"), [("pi", False), ("spinn", True)])
+def test_only_a_model_that_labels_without_a_parser_has_its_example_checked_as_it_is_logged(
+    variant, checked, tmp_path, monkeypatch
+):
+    """Logging a pi model predicted MLflow's input example, which loaded Stanza at training time (offline a
+    "could not download" warning, online a download of Stanza's models; issue 24). A spinn model's check is
+    cheap and offline and still proves the logged model serves. Both keep the example MLflow's UI shows."""
+    import mlflow
+
+    from spinn.tracking import store as tracking
+    from spinn.tracking.register import log_model
+
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    monkeypatch.chdir(tmp_path)
+    checkpoint = untrained_pi_model(tmp_path / "pi.pt") if variant == "pi" else RELEASE / "checkpoint.pt"
+    stanza, predictions = recorded_imports(monkeypatch, "stanza"), recorded_predictions(monkeypatch)
+    with tracking.run(f"{variant}-model") as run_id:
+        files = (checkpoint, RELEASE / "vocab.json", RELEASE / "config.json")
+        model_id = log_model(run_id, *files, {}, needs_parser=not checked)
+    assert predictions == ([len(INPUT_EXAMPLE)] if checked else []), "MLflow predicted the input example"
+    assert stanza == [], "logging the model imported Stanza"
+    folder = Path(mlflow.artifacts.download_artifacts(f"models:/{model_id}", dst_path=str(tmp_path / "logged")))
+    assert mlflow.models.Model.load(folder).load_input_example(folder).to_dict("records") == INPUT_EXAMPLE
+    assert (folder / "serving_input_example.json").is_file()
 
 
 def test_a_missing_sentence_is_refused_not_labelled_as_the_text_none(smoke_model, store):

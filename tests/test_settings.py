@@ -97,13 +97,23 @@ def test_every_params_key_is_a_field_of_its_section(section):
     model.from_params(PARAMS)  # and the whole section validates
 
 
+def left_off(model: type[Settings], path: tuple[str, ...]) -> bool:
+    """Whether the model's not_on_cli names the field or a section above it."""
+    return any(".".join(path[:depth]) in model.not_on_cli for depth in range(1, len(path) + 1))
+
+
 @pytest.mark.parametrize("model", list(COMMAND_OF), ids=lambda model: model.__name__)
 def test_every_field_is_an_option_with_the_models_choices(model):
+    """Every field is an option, and one the model leaves off is not (`spinn trees` offered --label-column,
+    which trees never reads; issue 24)."""
     params = {param.name: param for param in command(COMMAND_OF[model]).params}
     for path, annotation in leaf_fields(model):
-        if path[0] in model.not_on_cli or (model, path[0]) in POSITIONAL:
-            continue
         name = SEPARATOR.join(path)
+        if left_off(model, path):
+            assert name not in params, f"{name} is on `spinn {COMMAND_OF[model]}` though not_on_cli leaves it off"
+            continue
+        if (model, path[0]) in POSITIONAL:
+            continue
         assert name in params, (
             f"{model.__name__}.{'.'.join(path)} has no option on `spinn {COMMAND_OF[model]}` "
             "(list it in the model's not_on_cli with the reason)"
@@ -122,9 +132,24 @@ def test_a_required_option_says_so_once_in_help(name):
 
 
 def test_every_field_left_off_the_cli_says_why():
+    fields = {
+        model: {".".join(path[:depth]) for path, _ in leaf_fields(model) for depth in range(1, len(path) + 1)}
+        for model in COMMAND_OF
+    }
     for model in COMMAND_OF:
         for name, reason in model.not_on_cli.items():
-            assert name in model.model_fields and len(reason) > 20
+            assert name in fields[model] and len(reason) > 20
+
+
+@pytest.mark.parametrize(
+    ("name", "offered"), [("trees", False), ("label", True), ("parse", True), ("bench-label", True)]
+)
+def test_help_offers_a_label_column_only_where_labels_are_read(name, offered):
+    """`spinn trees --help` listed --label-column, which trees never reads; the commands that read gold
+    labels keep it."""
+    result = CliRunner().invoke(main, [name, "--help"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert ("--label-column" in result.output) is offered
 
 
 def test_every_stage_runs_from_a_flow_with_all_its_fields():

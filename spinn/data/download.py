@@ -23,7 +23,7 @@ from pydantic import Field, field_validator, model_validator
 
 from spinn.data.fetch import CHUNK_SIZE, Checksum, DownloadError, ensure_archive
 from spinn.io import atomic_path, plain_file_name, publishing
-from spinn.settings import Settings, env_default
+from spinn.settings import Conflict, Settings, env_default
 
 DEFAULT_RAW_DIR = Path("data/raw")
 MARKER_TEMPLATE = ".{filename}.extracted"
@@ -121,7 +121,7 @@ class DownloadSettings(Settings):
     @model_validator(mode="after")
     def _one_source(self) -> DownloadSettings:
         if self.url is not None and self.file is not None:
-            raise ValueError("give url (a mirror) or file (a local copy), not both")
+            raise Conflict("give url (a mirror) or file (a local copy), not both", "url", "file")
         return self
 
     @property

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import NamedTuple
+from typing import ClassVar, NamedTuple
 
 from pydantic import Field
 
@@ -47,6 +47,10 @@ Tokens = tuple[str, ...]
 
 class TreesSettings(Settings):
     """How a model's own trees are drawn out."""
+
+    not_on_cli: ClassVar[dict[str, str]] = {
+        "columns.label": "`spinn trees` writes trees, not labels; gold labels are for `spinn label` and `spinn parse`"
+    }
 
     batch_size: int = Field(BATCH_SENTENCES, ge=1)
     """Sentences per model batch."""

@@ -9,7 +9,7 @@ from pydantic import Field, model_validator
 
 from spinn.data.schema import LABELS
 from spinn.model.policy import Baseline, Reward
-from spinn.settings import Settings
+from spinn.settings import Conflict, Settings
 from spinn.trees.transitions import Transition
 
 Variant = Literal["pi-nt", "pi", "spinn", "rl", "cbow"]
@@ -86,7 +86,7 @@ class SPINNConfig(Settings):
     @model_validator(mode="after")
     def _tracker_has_a_size(self) -> SPINNConfig:
         if self.has_tracker and self.d_tracker < 1:
-            raise ValueError(f"variant {self.variant} needs d_tracker >= 1, got {self.d_tracker}")
+            raise Conflict(f"variant {self.variant} needs d_tracker >= 1, got {self.d_tracker}", "d_tracker", "variant")
         return self
 
     @property

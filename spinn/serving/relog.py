@@ -18,6 +18,7 @@ from pathlib import Path
 from spinn.data.vocab import VOCAB_FILENAME
 from spinn.errors import SpinnError
 from spinn.model.checkpoint import load_checkpoint
+from spinn.model.config import SPINNConfig
 from spinn.tracking import logged_models
 from spinn.tracking import store as tracking
 from spinn.tracking.register import log_model
@@ -52,8 +53,11 @@ def relog_version(uri: str) -> Relogged:
         missing = [path.name for path in (checkpoint, vocabulary, config) if not path.is_file()]
         if missing:
             raise SpinnError(f"{uri}: the version's folder lacks {', '.join(missing)}")
-        metrics = load_checkpoint(checkpoint).metrics or {}
-        model_id = log_model(old.run_id, checkpoint, vocabulary, config, metrics)
+        loaded = load_checkpoint(checkpoint)
+        needs_parser = not SPINNConfig.from_dict(loaded.model_config).predicts_transitions
+        model_id = log_model(
+            old.run_id, checkpoint, vocabulary, config, loaded.metrics or {}, needs_parser=needs_parser
+        )
     tags = {**old.tags, RELOGGED_FROM_TAG: f"models:/{name}/{version}"}
     with tracking.store_lock():
         new = tracking.register(name, old.run_id, tags, description=old.description, model_id=model_id)

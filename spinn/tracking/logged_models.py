@@ -14,6 +14,8 @@ from spinn.tracking.store import CHECKPOINT_NAME, _client, _mlflow, _unless_miss
 
 LOGGED_MODEL_ARTIFACTS_DIR = "artifacts"
 """Where a pyfunc model keeps the files it was logged with (MLflow's layout: <model>/artifacts/<file>)."""
+VALIDATE_KEYWORD = "validate_serving_input"
+"""`Model.log`'s keyword for whether it checks that the input example serves."""
 
 
 def _checkpoint_in(folder: Path) -> Path:
@@ -46,26 +48,47 @@ class PythonModelSpec:
     requirements: list[str]
     model_config: dict[str, Any]
     tags: dict[str, str]
+    validate_example: bool
+    """Whether MLflow checks, while logging, that the input example serves (it loads the model and predicts
+    it): a cheap offline proof for a model that labels without a parser; for one that needs parses it would
+    load Stanza in the middle of training (offline a "could not download" warning, online a download of
+    Stanza's models), so such a model keeps its example unchecked."""
+
+
+class _PyfuncFlavor:
+    """mlflow.pyfunc as the flavor `Model.log` saves with, taking VALIDATE_KEYWORD. Model.log reads that
+    keyword and hands all its keywords on to the flavor's save_model, which pyfunc's refuses (MLflow 3.17:
+    `TypeError: save_model() got unexpected keyword arguments`), and pyfunc.log_model has no such keyword."""
+
+    @staticmethod
+    def save_model(**kwargs: Any) -> Any:
+        import mlflow.pyfunc
+
+        kwargs.pop(VALIDATE_KEYWORD)
+        return mlflow.pyfunc.save_model(**kwargs)
 
 
 def log_python_model(run_id: str, spec: PythonModelSpec, metrics: dict[str, float]) -> str:
     """Log `spec` as an MLflow 3 logged model of `run_id` (its "Logged models"), with `metrics` linked to
     it; returns its model id. Works with or without `run_id` active (training, or re-logging later).
 
-    MLflow checks that the input example serves: it loads the model and predicts it, so a model that needs
-    parses loads Stanza here (SPINN_STANZA_DIR, else Stanza's models, downloaded when missing); a failure
-    is MLflow's warning, and the model is logged all the same."""
+    The input example is always logged (MLflow's UI shows it); it is checked to serve only when
+    `spec.validate_example`, and a failed check is MLflow's warning: the model is logged all the same.
+    `Model.log` with the pyfunc flavor is what pyfunc.log_model calls, plus that one keyword."""
     import pandas as pd
 
     mlflow = _mlflow(write=True)
     from mlflow.entities import LoggedModelOutput
+    from mlflow.models import Model
 
     client = mlflow.MlflowClient()
     experiment_id = client.get_run(run_id).info.experiment_id
     model = mlflow.initialize_logged_model(
         name=spec.name, source_run_id=run_id, tags=spec.tags, experiment_id=experiment_id
     )
-    mlflow.pyfunc.log_model(
+    Model.log(
+        artifact_path=None,
+        flavor=_PyfuncFlavor,
         name=spec.name,
         python_model=str(spec.code),
         artifacts={key: str(path) for key, path in spec.artifacts.items()},
@@ -74,6 +97,7 @@ def log_python_model(run_id: str, spec: PythonModelSpec, metrics: dict[str, floa
         input_example=pd.DataFrame(spec.input_example),
         pip_requirements=spec.requirements,
         model_id=model.model_id,
+        **{VALIDATE_KEYWORD: spec.validate_example},
     )
     active = mlflow.active_run()
     if active is None or active.info.run_id != run_id:  # an active run_id got the link from log_model

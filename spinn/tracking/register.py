@@ -193,6 +193,8 @@ def log_model(
     config: Path,
     dev_metrics: dict,
     parser: ParserSettings | None = None,
+    *,
+    needs_parser: bool,
 ) -> str:
     """Log the model as an MLflow 3 logged model of `run_id`: a pyfunc whose code is the installed spinn
     package, whose files are the checkpoint (read with weights_only), vocabulary and config, and whose dev
@@ -200,7 +202,9 @@ def log_model(
 
     A run that logged this checkpoint already (a retried flow, a resumed run) keeps the model it has.
 
-    parser: the settings a model that needs parses is served with (default: Stanza's defaults)."""
+    parser: the settings a model that needs parses is served with (default: Stanza's defaults).
+    needs_parser: the model labels with Stanza's trees (it does not predict its own transitions), so MLflow
+    does not check its input example by predicting it: that would load Stanza while training logs the model."""
     digest = file_digest(Path(checkpoint), "sha256")
     logged = logged_model_of_run(run_id, CHECKPOINT_TAG, digest)
     if logged is not None:
@@ -215,6 +219,7 @@ def log_model(
         requirements=[f"spinn=={installed_version('spinn')}"],
         model_config={PARSING_CONFIG: (parser or ParserSettings()).model_dump(include=set(LOGGED_PARSER_SETTINGS))},
         tags={CHECKPOINT_TAG: digest},
+        validate_example=not needs_parser,
     )
     return log_python_model(run_id, spec, dev_scores(dev_metrics))
 
