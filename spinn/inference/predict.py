@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy
 import torch
@@ -63,7 +64,7 @@ def predict(
     """Run `model` over `examples` on `source` transitions; the batch size and order change no number.
 
     step: a caller that predicts often (training's dev evaluation) passes its own, so its CUDA graphs
-    are kept. on_batch: told, as each batch of sentences is submitted, the pairs it completes (progress)."""
+    are kept. on_batch: told, as each batch of sentences is submitted, its pairs' worth of work (progress)."""
     if not examples:
         raise SpinnError("nothing to predict: no examples")
     step = step or InferStep(model, source)
@@ -71,7 +72,7 @@ def predict(
         raise SpinnError(f"the inference step runs on {step.source.value} transitions, not {source.value}")
     sentences = Sentences.of(examples)
     batches = sentences.batches(SENTENCES_PER_PAIR * batch_size)
-    uses, done = sentences.uses(), _pairs_done(sentences, batches)
+    uses, done = sentences.uses(), _progress(sentences, batches)
     was_training = model.training
     try:
         encoded = []
@@ -144,13 +145,13 @@ def _encode(step: InferStep, sentences: Sentences, indices: list[int], uses: Ten
     return _Encoded(indices, encoding.vectors, encoding.transitions, agreement)
 
 
-def _pairs_done(sentences: Sentences, batches: list[list[int]]) -> list[int]:
-    """The pairs whose later sentence each batch encodes: what progress counts as that batch's pairs."""
-    batch_of = torch.empty(len(sentences.words), dtype=torch.long)  # (S,)
-    for number, indices in enumerate(batches):
-        batch_of[indices] = number
-    done = torch.maximum(batch_of[sentences.premise], batch_of[sentences.hypothesis])  # (P,)
-    return torch.bincount(done, minlength=len(batches)).tolist()
+def _progress(sentences: Sentences, batches: list[list[int]]) -> list[int]:
+    """Pairs' worth of work each batch does: the pairs times the share of the sentences it encodes, summing
+    to the pairs. Counting the pairs a batch completes would stall the bar while short sentences run (a pair
+    is complete only once its long premise is) and jump at the end."""
+    pairs, total = len(sentences.premise), len(sentences.words)
+    done = [round(pairs * encoded / total) for encoded in accumulate(len(batch) for batch in batches)]
+    return [after - before for before, after in zip([0, *done[:-1]], done, strict=True)]
 
 
 def _classify(step: InferStep, encoded: list[_Encoded], sentences: Sentences, batch_size: int) -> Tensor:
