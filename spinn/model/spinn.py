@@ -192,7 +192,8 @@ class SPINN(nn.Module):
         """int8 dynamic quantization of the composition for CPU inference (weights per output channel,
         activations per call); the tracker, which builds the trees, and the classifier, whose argmax is the
         label, stay fp32. Measured on SNLI test with a 300D spinn model: quantizing the classifier too (per
-        tensor) kept 98.8% of the labels, the composition alone 99.5%. For labelling; not undone."""
+        tensor) kept 98.8% of the labels, the composition alone 99.5% on pair batches and 99.4% on the sentence
+        batches inference runs now (activations are quantized per batch). For labelling; not undone."""
         if self.encoder is not None:
             self.encoder.quantize_int8()
 
