@@ -72,12 +72,12 @@ def predict(
         raise SpinnError(f"the inference step runs on {step.source.value} transitions, not {source.value}")
     sentences = Sentences.of(examples)
     batches = sentences.batches(SENTENCES_PER_PAIR * batch_size)
-    uses, done = sentences.uses(), _progress(sentences, batches)
+    done = _progress(sentences, batches)
     was_training = model.training
     try:
         encoded = []
         for indices, pairs in zip(batches, done, strict=True):
-            encoded.append(_encode(step, sentences, indices, uses, device))
+            encoded.append(_encode(step, sentences, indices, device))
             if on_batch is not None and pairs:
                 on_batch(pairs)
         probabilities = _classify(step, encoded, sentences, batch_size)
@@ -129,20 +129,19 @@ class _Encoded:
     indices: list[int]
     vectors: Tensor  # (n, D)
     transitions: Tensor  # (n, T)
-    agreement: Tensor | None  # (2,) [real steps, agreeing steps], a sentence counted once per use
+    counts: Tensor | None  # (n, 2) [real steps, agreeing steps] of each sentence (spinn.model.spinn.transition_counts)
 
 
-def _encode(step: InferStep, sentences: Sentences, indices: list[int], uses: Tensor, device: torch.device) -> _Encoded:
+def _encode(step: InferStep, sentences: Sentences, indices: list[int], device: torch.device) -> _Encoded:
     """One batch of distinct sentences through the step's encoder; nothing is read back."""
     words = [sentences.words[i] for i in indices]
     batch = sentence_batch(words, [sentences.transitions[i] for i in indices], width_step=WIDTH_STEP)
     batch = batch.to(device, non_blocking=True)
     encoding = step.encode(batch)
-    agreement = None
+    counts = None
     if encoding.transition_logits is not None:
         counts = transition_counts(encoding.transition_logits, batch.transitions)  # (n, 2)
-        agreement = (counts * uses[indices].to(counts.device)[:, None]).sum(0)  # (2,)
-    return _Encoded(indices, encoding.vectors, encoding.transitions, agreement)
+    return _Encoded(indices, encoding.vectors, encoding.transitions, counts)
 
 
 def _progress(sentences: Sentences, batches: list[list[int]]) -> list[int]:
@@ -159,8 +158,8 @@ def _classify(step: InferStep, encoded: list[_Encoded], sentences: Sentences, ba
     vectors = torch.cat([batch.vectors for batch in encoded])  # (S, D) in encoding order
     row = torch.empty(len(sentences.words), dtype=torch.long)  # (S,) where each distinct sentence lies in it
     row[[index for batch in encoded for index in batch.indices]] = torch.arange(len(row))
-    premise = row[sentences.premise].to(vectors.device)  # (P,)
-    hypothesis = row[sentences.hypothesis].to(vectors.device)  # (P,)
+    premise = row[sentences.premise].to(vectors.device, non_blocking=True)  # (P,)
+    hypothesis = row[sentences.hypothesis].to(vectors.device, non_blocking=True)  # (P,)
     probabilities = []
     for start in range(0, len(premise), batch_size):
         pairs = slice(start, start + batch_size)
@@ -177,8 +176,7 @@ def _read_back(probabilities: Tensor, encoded: list[_Encoded], sentences: Senten
     for row, index in enumerate(index for batch in encoded for index in batch.indices):
         steps[index] = _own_steps(ran[row], len(sentences.words[index]))
     probabilities = probabilities.cpu()  # (P, C)
-    agreements = [batch.agreement for batch in encoded if batch.agreement is not None]
-    real, agreeing = torch.stack(agreements).sum(0).tolist() if agreements else (0, 0)
+    real, agreeing = _agreement(encoded, sentences)
     return Predictions(
         probabilities.numpy(),
         probabilities.argmax(1).numpy(),
@@ -187,6 +185,17 @@ def _read_back(probabilities: Tensor, encoded: list[_Encoded], sentences: Senten
         int(real),
         int(agreeing),
     )
+
+
+def _agreement(encoded: list[_Encoded], sentences: Sentences) -> tuple[int, int]:
+    """[real steps, agreeing steps] over the pairs: each distinct sentence's counts, read back once, times the
+    times it occurs (on the host, so no batch waits for a copy to the device)."""
+    if encoded[0].counts is None:
+        return 0, 0
+    counts = torch.cat([batch.counts for batch in encoded]).cpu()  # (S, 2) in encoding order
+    uses = sentences.uses()[[index for batch in encoded for index in batch.indices]]  # (S,) the same order
+    real, agreeing = (counts * uses[:, None]).sum(0).tolist()
+    return int(real), int(agreeing)
 
 
 def _own_steps(padded: list[int], n_tokens: int) -> Steps:
