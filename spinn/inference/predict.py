@@ -80,10 +80,11 @@ def predict(
             encoded.append(_encode(step, sentences, indices, device))
             if on_batch is not None and pairs:
                 on_batch(pairs)
-        probabilities = _classify(step, encoded, sentences, batch_size)
+        order = [index for batch in encoded for index in batch.indices]  # (S,) the sentences in encoding order
+        probabilities = _classify(step, encoded, order, sentences, batch_size)
     finally:
         model.train(was_training)  # the step ran it in eval mode (no dropout, batch norm's running statistics)
-    return _read_back(probabilities, encoded, sentences)
+    return _read_back(probabilities, encoded, order, sentences)
 
 
 @dataclass(frozen=True)
@@ -153,11 +154,13 @@ def _progress(sentences: Sentences, batches: list[list[int]]) -> list[int]:
     return [after - before for before, after in zip([0, *done[:-1]], done, strict=True)]
 
 
-def _classify(step: InferStep, encoded: list[_Encoded], sentences: Sentences, batch_size: int) -> Tensor:
+def _classify(
+    step: InferStep, encoded: list[_Encoded], order: list[int], sentences: Sentences, batch_size: int
+) -> Tensor:
     """(P, C) class probabilities of the pairs in input order, from their sentences' vectors; on the device."""
     vectors = torch.cat([batch.vectors for batch in encoded])  # (S, D) in encoding order
     row = torch.empty(len(sentences.words), dtype=torch.long)  # (S,) where each distinct sentence lies in it
-    row[[index for batch in encoded for index in batch.indices]] = torch.arange(len(row))
+    row[order] = torch.arange(len(row))
     premise = row[sentences.premise].to(vectors.device, non_blocking=True)  # (P,)
     hypothesis = row[sentences.hypothesis].to(vectors.device, non_blocking=True)  # (P,)
     probabilities = []
@@ -168,15 +171,15 @@ def _classify(step: InferStep, encoded: list[_Encoded], sentences: Sentences, ba
     return torch.cat(probabilities)  # (P, C)
 
 
-def _read_back(probabilities: Tensor, encoded: list[_Encoded], sentences: Sentences) -> Predictions:
+def _read_back(probabilities: Tensor, encoded: list[_Encoded], order: list[int], sentences: Sentences) -> Predictions:
     """The probabilities and every sentence's transitions to the host in one copy each, given to each pair."""
     width = max(batch.transitions.shape[1] for batch in encoded)
     ran = torch.cat([_padded(batch.transitions, width) for batch in encoded]).tolist()  # (S, T) encoding order
     steps: list[Steps] = [()] * len(sentences.words)
-    for row, index in enumerate(index for batch in encoded for index in batch.indices):
+    for row, index in enumerate(order):
         steps[index] = _own_steps(ran[row], len(sentences.words[index]))
     probabilities = probabilities.cpu()  # (P, C)
-    real, agreeing = _agreement(encoded, sentences)
+    real, agreeing = _agreement(encoded, sentences.uses()[order])
     return Predictions(
         probabilities.numpy(),
         probabilities.argmax(1).numpy(),
@@ -187,13 +190,12 @@ def _read_back(probabilities: Tensor, encoded: list[_Encoded], sentences: Senten
     )
 
 
-def _agreement(encoded: list[_Encoded], sentences: Sentences) -> tuple[int, int]:
+def _agreement(encoded: list[_Encoded], uses: Tensor) -> tuple[int, int]:
     """[real steps, agreeing steps] over the pairs: each distinct sentence's counts, read back once, times the
-    times it occurs (on the host, so no batch waits for a copy to the device)."""
+    times it occurs, `uses` (S,) in encoding order (on the host, so no batch waits for a copy to the device)."""
     if encoded[0].counts is None:
         return 0, 0
     counts = torch.cat([batch.counts for batch in encoded]).cpu()  # (S, 2) in encoding order
-    uses = sentences.uses()[[index for batch in encoded for index in batch.indices]]  # (S,) the same order
     real, agreeing = (counts * uses[:, None]).sum(0).tolist()
     return int(real), int(agreeing)
 
