@@ -195,49 +195,77 @@ def test_a_model_that_is_not_finite_is_never_registered(case, store, tmp_path):
 # ----------------------------------------------------------------------------- two processes, one store
 
 RACE_TIMEOUT_S = 300
-START_DELAY_S = 15.0
-"""Time for both processes to import MLflow before the first trial starts."""
-TRIAL_SPACING_S = 4.0
-"""Between trials: long enough for both registrations of one trial to end before the next begins."""
 TRIALS = 6
-REGISTER_AT = """
+START_MARGIN_S = 0.25
+"""From telling the processes a trial's instant to that instant: both have read it by then."""
+READY = "ready"
+NEXT_INSTANT = """
 import os, sys, time
+def next_instant():
+    \"\"\"Say this process is ready for the next trial, then sleep until the instant the test names.\"\"\"
+    print("ready", flush=True)
+    time.sleep(max(0.0, float(sys.stdin.readline()) - time.time()))
+"""
+REGISTER_AT = (
+    NEXT_INSTANT
+    + """
 from spinn.tracking.register import register_model
 run_id, checkpoint, accuracy = sys.argv[1], sys.argv[2], float(sys.argv[3])
-start, trials, spacing = float(os.environ["START_AT"]), int(os.environ["TRIALS"]), float(os.environ["SPACING"])
-for trial in range(trials):
-    time.sleep(max(0.0, start + trial * spacing - time.time()))
+for trial in range(int(os.environ["TRIALS"])):
+    next_instant()
     register_model(run_id, checkpoint, accuracy, name=f"race-{trial}", alias="champion")
 """
-OPEN_AT = """
-import os, sys, time
+)
+OPEN_AT = (
+    NEXT_INSTANT
+    + """
 from spinn.tracking import store as tracking
-start, trials, spacing = float(os.environ["START_AT"]), int(os.environ["TRIALS"]), float(os.environ["SPACING"])
-for trial in range(trials):
+for trial in range(int(os.environ["TRIALS"])):
     os.environ["MLFLOW_TRACKING_URI"] = f"sqlite:///{sys.argv[1]}/fresh-{trial}.db"
-    time.sleep(max(0.0, start + trial * spacing - time.time()))
+    next_instant()
     with tracking.run("race"):
         tracking.log_metrics({"dev_accuracy": 0.5}, step=1)
 """
+)
 
 
 def at_the_same_instants(script: str, argument_lists: list[list[str]], cwd: Path) -> None:
-    """One process per argument list, each doing TRIALS trials at the same clock times; all must succeed."""
-    timing = {"START_AT": str(time.time() + START_DELAY_S), "TRIALS": str(TRIALS), "SPACING": str(TRIAL_SPACING_S)}
+    """One process per argument list, each doing TRIALS trials, trial k of every process at the same clock
+    time; all must succeed. A trial starts as soon as every process has finished the one before and said
+    it is ready (no fixed waits for imports or for the slowest trial)."""
     processes = [
         subprocess.Popen(
             [sys.executable, "-c", script, *arguments],
             cwd=cwd,
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            env={**os.environ, **timing},
+            env={**os.environ, "TRIALS": str(TRIALS)},
         )
         for arguments in argument_lists
     ]
-    for process in processes:
+    printed: list[list[str]] = [[] for _ in processes]
+    for _ in range(TRIALS):
+        for process, lines in zip(processes, printed, strict=True):
+            _wait_until_ready(process, lines)
+        instant = time.time() + START_MARGIN_S
+        for process in processes:
+            process.stdin.write(f"{instant}\n")
+            process.stdin.flush()
+    for process, lines in zip(processes, printed, strict=True):
         output, _ = process.communicate(timeout=RACE_TIMEOUT_S)
-        assert process.returncode == 0, output
+        assert process.returncode == 0, "".join(lines) + output
+
+
+def _wait_until_ready(process: subprocess.Popen, lines: list[str]) -> None:
+    """Read what `process` prints until it says it is ready; a process that ends first fails the test."""
+    for line in process.stdout:
+        if line.strip() == READY:
+            return
+        lines.append(line)
+    process.wait(timeout=RACE_TIMEOUT_S)
+    raise AssertionError(f"exited {process.returncode} before its trial:\n{''.join(lines)}")
 
 
 @pytest.mark.slow
