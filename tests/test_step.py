@@ -108,6 +108,15 @@ def test_training_and_inference_steps_run_the_spec_encoder_as_the_fused_one(vari
     assert torch.allclose(found.logits, expected.logits, atol=1e-5)
 
 
+def test_the_step_takes_a_compiled_network():
+    """torch.compile's module refuses len(), so the step must not ask a network for its truth value (the GPU
+    check times the step with a compiled forward pass)."""
+    step = trainer("pi", 20)
+    compiled = torch.compile(step.model)
+    with_compiled = TrainStep(step.model, step.optimizer, step.schedule, step.options, network=compiled)
+    assert with_compiled.network is compiled
+
+
 @needs_snli
 def test_metrics_are_summed_on_the_device_and_read_once():
     examples, vocab_size = load_examples(SNLI_DEV, 64, 0, labelled=True)

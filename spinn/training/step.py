@@ -113,7 +113,7 @@ class TrainStep:
         """network: what the step calls for the forward pass (the model, or the model in
         DistributedDataParallel, whose backward averages the gradients over the ranks)."""
         self.model, self.optimizer, self.schedule, self.options = model, optimizer, schedule, options
-        self.network = network or model
+        self.network = model if network is None else network  # a compiled module refuses bool() (it has len())
         self.device = next(model.parameters()).device
         self.metrics = Accumulators(self.device)
         warmup = DDP_WARMUP_STEPS if self.network is not model else WARMUP_STEPS
