@@ -6,6 +6,7 @@ Everything runs on a CPU; the CUDA graph capture itself needs a GPU (scripts/gpu
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,7 +17,7 @@ from spinn.bench import load_examples
 from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
-from spinn.inference.graphs import clone_batch, copy_into, shape_key
+from spinn.inference.graphs import clone_batch, copy_into, refusal, shape_key, shape_report
 from spinn.inference.predict import predict
 from spinn.inference.step import InferStep
 from spinn.model.batch import make_batch
@@ -59,6 +60,24 @@ def test_graph_inputs_are_keyed_by_shape_and_copied_in_place(snli_examples):
     copy_into(static, second)
     assert [static.tokens.data_ptr(), static.plan.reads.data_ptr()] == buffers  # the graph's buffers stay
     assert torch.equal(static.tokens, second.tokens) and torch.equal(static.plan.reads, second.plan.reads)
+
+
+def test_the_graph_report_says_what_became_of_every_shape():
+    """Captured, refused with its reason, still warming up, or eager because MAX_GRAPHS were taken: a fallback
+    always says why (the GPU check prints this for every step it captures)."""
+    warm, captured, refused, over = ((((n, 4), torch.long), ((n, 7), torch.long), True) for n in (2, 3, 4, 5))
+    seen = Counter({warm: 2, captured: 3, refused: 3, over: 9})
+    reason = refusal(RuntimeError("operation not permitted when stream is capturing\nmore detail"))
+    report = shape_report(seen, [captured], {refused: reason}, warmup=2, capture_seconds=0.5)
+    assert report == {
+        "shapes": 4,
+        "captured": 1,
+        "refused": [{"shape": [4, 4], "reason": "RuntimeError: operation not permitted when stream is capturing"}],
+        "warming_up": 1,
+        "over_limit": 1,
+        "capture_seconds": 0.5,
+    }
+    assert refusal(RuntimeError()) == "RuntimeError"
 
 
 @needs_snli

@@ -5,16 +5,18 @@ batch widths make shapes repeat, so each shape runs its first WARMUP_STEPS
 calls eagerly on a side stream, is then captured once and replayed for every
 later batch of that shape, its inputs copied into the graph's static buffers.
 If capture fails, that shape runs eagerly from then on, and the reason is
-logged once. Graphs exist only on CUDA; callers on any other device call
-their step function directly.
+logged once and kept for `report`, which says what became of every shape.
+Graphs exist only on CUDA; callers on any other device call their step
+function directly.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import fields
 from typing import Any
 
@@ -29,6 +31,8 @@ WARMUP_STEPS = 2
 """Eager steps of a shape before it is captured (lazy state: optimizer buffers, library workspaces)."""
 MAX_GRAPHS = 64
 """Shapes captured at most; further shapes run eagerly (each graph holds its own activations)."""
+REASON_CHARS = 300
+"""A refused capture's reason is the start of its error's first line."""
 
 
 def autocast(device: torch.device, amp: bool, graphed: bool) -> contextlib.AbstractContextManager:
@@ -84,7 +88,9 @@ class Graphs:
         self.function, self.device, self.warmup = function, device, warmup
         self.seen: Counter[tuple] = Counter()
         self.captured: dict[tuple, tuple[torch.cuda.CUDAGraph, Batch, Any]] = {}
-        self.refused: set[tuple] = set()
+        self.refused: dict[tuple, str] = {}
+        """Shapes whose capture failed, and why."""
+        self.capture_seconds = 0.0
         self.pool = torch.cuda.graph_pool_handle()
         self.side = torch.cuda.Stream(device)
 
@@ -104,17 +110,24 @@ class Graphs:
     def _capture(self, key: tuple, batch: Batch) -> Any:
         static = clone_batch(batch)
         graph = torch.cuda.CUDAGraph()
+        started = time.perf_counter()
         try:
             with torch.cuda.graph(graph, pool=self.pool):
                 output = self.function(static)
         except Exception as error:  # an op that cannot be captured: say so once, run this shape eagerly
+            self.capture_seconds += time.perf_counter() - started
             LOG.warning("CUDA graph capture failed for batch shape %s (%s); running it eagerly", key[0], error)
-            self.refused.add(key)
+            self.refused[key] = refusal(error)
             torch.cuda.synchronize(self.device)
             return self.function(batch)
+        self.capture_seconds += time.perf_counter() - started
         self.captured[key] = (graph, static, output)
         graph.replay()
         return output
+
+    def report(self) -> dict[str, Any]:
+        """What became of the shapes run so far (shape_report)."""
+        return shape_report(self.seen, self.captured, self.refused, self.warmup, self.capture_seconds)
 
     @contextlib.contextmanager
     def _on_side_stream(self) -> Iterator[None]:
@@ -123,3 +136,27 @@ class Graphs:
         with torch.cuda.stream(self.side):
             yield
         torch.cuda.current_stream(self.device).wait_stream(self.side)
+
+
+def refusal(error: BaseException) -> str:
+    """Why a capture failed, in one short line: the error's type and the start of its first line."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0][:REASON_CHARS]}" if lines else type(error).__name__
+
+
+def shape_report(
+    seen: Counter[tuple], captured: Iterable[tuple], refused: dict[tuple, str], warmup: int, capture_seconds: float
+) -> dict[str, Any]:
+    """Shapes run, captured, refused (each with its reason), still warming up (run `warmup` times or fewer), and
+    run eagerly because MAX_GRAPHS were already captured; the seconds spent capturing. `seen` counts each
+    shape's calls before it was captured."""
+    captured = set(captured)
+    eager = [key for key in seen if key not in captured and key not in refused]
+    return {
+        "shapes": len(seen),
+        "captured": len(captured),
+        "refused": [{"shape": list(key[0][0]), "reason": reason} for key, reason in refused.items()],
+        "warming_up": sum(1 for key in eager if seen[key] <= warmup),
+        "over_limit": sum(1 for key in eager if seen[key] > warmup),
+        "capture_seconds": capture_seconds,
+    }
