@@ -167,6 +167,29 @@ def test_rl_loss_adds_entropy_value_and_supervision_terms():
         assert model.encoder.tracker.transition.weight.grad.abs().sum() > 0
 
 
+def test_transition_supervision_of_sampled_trees_stays_finite():
+    """rl with transition_loss_weight > 0 scores the gold action on the sampled path's states. Once a sample has
+    parted from the parse, the gold action may be illegal there (no word left to shift, one item to reduce):
+    such a step teaches nothing, and its -inf score must not make the loss infinite (the training loop stops
+    on a loss that is not finite, so every such run died at its first log)."""
+    rng = np.random.default_rng(5)
+    batch = make_batch([example(rng, 9, 7), example(rng, 8, 10), example(rng, 12, 6)])
+    torch.manual_seed(0)
+    config = SPINNConfig(variant="rl", d_embed=6, d_hidden=5, d_tracker=4, mlp_dim=7, transition_loss_weight=1.0)
+    model = SPINN(config, random_vectors(VOCAB, 6, 0)).double().train()
+    illegal_gold = 0
+    for seed in range(4):
+        torch.manual_seed(seed)
+        output = model(batch, source=SAMPLED)
+        gold = batch.transitions.clamp(max=REDUCE)[..., None]  # (N, T, 1)
+        illegal_gold += int((output.transition_logits.gather(-1, gold) == float("-inf")).sum())
+        loss = spinn_loss(output, batch, model.config)
+        assert torch.isfinite(loss.transition) and torch.isfinite(loss.total), seed
+        loss.total.backward()
+        assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert illegal_gold > 0, "no sample parted from the parse: the case is not exercised"
+
+
 def test_moving_average_starts_at_chance_and_follows_rewards():
     model = rl_model(0)
     assert float(model.baseline.average) == pytest.approx(np.log(1 / 3))

@@ -305,11 +305,20 @@ def _rl_loss(
     supervised = None
     if config.transition_loss_weight > 0:
         # The gold action at each step, on the sampled path's states (the paths part once a sample differs).
+        gold = _legal_gold(output.transition_logits, batch.transitions)  # (N, T)
         supervised = F.cross_entropy(
-            output.transition_logits.reshape(-1, N_ACTIONS), batch.transitions.reshape(-1), ignore_index=PAD_TRANSITION
+            output.transition_logits.reshape(-1, N_ACTIONS), gold.reshape(-1), ignore_index=PAD_TRANSITION
         )
         total = total + per_step * config.transition_loss_weight * supervised
     return Loss(total, classification, supervised, terms)
+
+
+def _legal_gold(transition_logits: Tensor, transitions: Tensor) -> Tensor:
+    """(N, T) the gold transitions, PAD_TRANSITION where the sampled path has made the gold action illegal (its
+    score is -inf there: a cross-entropy against it would be infinite, and it teaches nothing)."""
+    real = transitions != PAD_TRANSITION  # (N, T)
+    scores = transition_logits.gather(-1, transitions.clamp(max=N_ACTIONS - 1).unsqueeze(-1)).squeeze(-1)  # (N, T)
+    return torch.where(real & scores.isfinite(), transitions, PAD_TRANSITION)
 
 
 def transition_counts(transition_logits: Tensor, transitions: Tensor) -> Tensor:
