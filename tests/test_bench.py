@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +16,6 @@ from spinn.trees.transitions import read_binary_parse
 
 ROOT = Path(__file__).resolve().parents[1]
 SNLI_DEV = ROOT.parent / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
-GPU_SCRIPT = ROOT / "scripts" / "gpu_bench.sh"
 TINY = dict(d_hidden=8, d_tracker=4, d_embed=6, batch_size=5, steps=2, warmup=1)  # batch = the whole corpus
 PARSES = [
     ("( ( A dog ) ( runs . ) )", "( ( An animal ) moves )", "entailment"),
@@ -177,50 +175,6 @@ def test_real_dev_trees(tmp_path):
     result = bench(SNLI_DEV, **{**TINY, "batch_size": 32})
     assert result["pairs"] == 10_000 - 158
     assert 0 < result["mean_padding_fraction"] < 0.5
-
-
-def test_gpu_script_is_one_runnable_command():
-    assert os.access(GPU_SCRIPT, os.X_OK)
-    assert subprocess.run(["bash", "-n", str(GPU_SCRIPT)], check=False).returncode == 0
-    text = GPU_SCRIPT.read_text()
-    for setting in (
-        "550152",
-        'variant="pi"',
-        "d_hidden=300",
-        'impl="reference"',
-        'mode="infer"',
-        "amp=True",
-        'mode="loop"',
-        "GPU_BATCH_SIZE",
-        "profile=True",
-        "count_ops=True",
-    ):
-        assert setting in text, setting
-    for row in ("train 256", "train 1024", "infer 1024 bf16", "loop 256", "loop shipped", "reference 256"):
-        assert f'"{row}": bench("{row}"' in text, row  # every row of the issue's table is measured
-    program = text.split("<<'PY'\n", 1)[1].split("\nPY\n", 1)[0]
-    compile(program, "gpu_bench.sh", "exec")
-
-
-@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message given without CUDA")
-def test_gpu_script_says_why_it_stops_without_cuda(tmp_path):
-    environment = {**os.environ, "PYTHON": sys.executable}
-    finished = subprocess.run([str(GPU_SCRIPT)], capture_output=True, text=True, env=environment, check=False)
-    assert finished.returncode != 0
-    assert "no CUDA device" in finished.stderr
-
-
-@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "python").exists(), reason="README's install makes .venv")
-def test_gpu_script_as_readme_writes_it_takes_the_project_venv(tmp_path):
-    """README runs `scripts/gpu_bench.sh` with no activated venv (issue 24): the script takes .venv/bin/python,
-    not the `python` on PATH (here a stand-in that fails), and gets as far as looking for CUDA (hidden here)."""
-    stand_in = tmp_path / "python"
-    stand_in.write_text("#!/bin/sh\necho 'python from PATH, not the project venv' >&2\nexit 3\n")
-    stand_in.chmod(0o755)
-    environment = {key: value for key, value in os.environ.items() if key != "PYTHON"}
-    environment.update(PATH=os.pathsep.join((str(tmp_path), "/usr/bin", "/bin")), CUDA_VISIBLE_DEVICES="")
-    finished = subprocess.run([str(GPU_SCRIPT)], capture_output=True, text=True, env=environment, check=False)
-    assert "no CUDA device" in finished.stderr, finished.stderr
 
 
 @pytest.mark.gpu

@@ -1,6 +1,6 @@
 """The one inference path: predict() and its step and graph plumbing; evaluate, label and trees agree through it.
 
-Everything runs on a CPU; the CUDA graph capture itself needs a GPU (scripts/gpu_bench.sh).
+Everything runs on a CPU; the CUDA graph capture itself needs a GPU (scripts/gpu_check.sh).
 """
 
 from __future__ import annotations

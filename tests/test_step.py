@@ -1,7 +1,7 @@
 """The training step: sync-free, few ops, the same numbers as a plain step (inference: tests/test_inference.py).
 
 Everything here runs on a CPU; the CUDA graph capture itself needs a GPU and is
-exercised by scripts/gpu_bench.sh there. The op counts are the CPU-measurable
+exercised by scripts/gpu_check.sh there. The op counts are the CPU-measurable
 proxy for GPU speed: every aten op is a kernel launch on a GPU, every host read
 a stall (spinn/opcount.py).
 """

@@ -1,0 +1,175 @@
+"""scripts/gpu_check.sh, the one prepared GPU call: its command line, its import blocker, its wheels, and the
+whole check rehearsed on the CPU (`--dry-run`), so that no GPU minute is spent on a typo.
+
+The dry run runs every part at the smallest size through the same functions the GPU run calls, in
+processes that cannot import what the GPU image lacks; on a CPU its equalities are real for the parts a CPU
+can check (fused = spec encoder in float64 and float32, exact resume, gloo under torchrun = one process).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "gpu_check.sh"
+DRY_RUN_CPU_SECONDS = 120
+"""The acceptance: the dry run passes on two cores in under 2 minutes. Its parts run one at a time, each on one
+torch thread, so on idle cores its wall time is about its CPU time; the CPU time is what is asserted, as the
+wall time of a shared machine says more about the neighbours than about the check."""
+
+
+def load_driver():
+    """scripts/gpu_check.py as a module (scripts/ is not a package)."""
+    spec = importlib.util.spec_from_file_location("scripts_gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
+driver = load_driver()
+
+
+def run_script(*arguments: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    environment = {key: value for key, value in os.environ.items() if key != "OUT"}
+    return subprocess.run(
+        [str(SCRIPT), *arguments], capture_output=True, text=True, env={**environment, **(env or {})}, timeout=timeout
+    )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--bogus"], "error: unrecognized arguments: --bogus"),
+        (["--only", "speed,warp"], "error: argument --only: unknown part warp"),
+        (["--deadline", "0"], "error: argument --deadline: must be a positive number of seconds"),
+        (["--prepare", "--dry-run"], "error: --prepare only downloads and copies"),
+        (["--data", "/nowhere"], "error: /nowhere: holds no snli_1.0_dev.jsonl.gz"),
+    ],
+)
+def test_a_bad_command_line_is_one_error_line(arguments, message):
+    finished = run_script(*arguments)
+    assert finished.returncode == 2
+    assert finished.stderr.startswith(message) and len(finished.stderr.strip().splitlines()) == 1, finished.stderr
+    assert finished.stdout == ""
+
+
+def test_results_go_to_out_then_the_device_folder_then_gpu_check(tmp_path):
+    assert driver.results_folder(tmp_path / "given", {"OUT": str(tmp_path / "env")}) == tmp_path / "given"
+    assert driver.results_folder(None, {"OUT": str(tmp_path / "env")}) == tmp_path / "env"
+    assert driver.results_folder(None, {}) == ROOT / "gpu-check"
+
+
+def test_every_part_has_a_function_and_a_size_for_both_runs():
+    assert list(driver.PART_FUNCTIONS) == [part.name for part in driver.PARTS]
+    assert driver.FULL.label_pairs == 100_000 and driver.FULL.epoch_pairs == 550_152
+    assert driver.FULL.speed_batch == 256 and driver.FULL.speed_large_batch == 1024 and driver.FULL.speed_d == 300
+    assert driver.FULL.resume_steps == 60 and driver.FULL.graph_steps == 20 and driver.FULL.nccl_steps == 20
+
+
+def test_the_carried_wheels_bring_everything_they_require():
+    """What a wheel requires is on the GPU image or among the wheels, so --no-deps installs a working set."""
+    image = driver.requirement_closure(driver.GPU_IMAGE)
+    carried = {driver.canonical(name) for name in driver.WHEELS}
+    assert driver.requirement_closure(driver.WHEELS) <= carried | image
+    assert not carried & {driver.canonical(name) for name in driver.NEVER_IMPORTED}
+
+
+def test_the_import_blocker_hides_what_the_gpu_image_lacks(tmp_path):
+    """In a process started with it: MLflow is not found (by import or by find_spec, which torch probes with),
+    while the carried wheels and the image's packages import."""
+    (tmp_path / "sitecustomize.py").write_text(driver.blocker_source(driver.blocked_modules()))
+    code = (
+        "import importlib.util, sys\n"
+        "assert importlib.util.find_spec('mlflow') is None and importlib.util.find_spec('prefect') is None\n"
+        "try:\n    import dask\nexcept ModuleNotFoundError as error:\n    print('refused', error.name)\n"
+        "import numpy, pydantic, yaml, click\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=environment)
+    assert finished.returncode == 0, finished.stderr
+    assert finished.stdout.strip() == "refused dask"
+    assert "dask is hidden (not on the GPU image)" in finished.stderr
+
+
+def test_the_data_folders_are_excluded_from_git_once(tmp_path):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    for _ in range(2):
+        driver.exclude_from_git(tmp_path)
+    lines = (tmp_path / ".git" / "info" / "exclude").read_text().splitlines()
+    assert [line for line in lines if line in driver.EXCLUDED] == list(driver.EXCLUDED)
+
+
+@pytest.mark.skipif(not (ROOT / ".venv" / "bin" / "python").exists(), reason="README's install makes .venv")
+def test_without_cuda_the_full_check_stops_after_the_device_part(snli_dev, tmp_path):
+    """README runs the script with no activated venv: it takes .venv/bin/python, not the `python` on PATH (a
+    stand-in that fails), finds no CUDA, says so, skips every other part and still prints its table last."""
+    stand_in = tmp_path / "bin" / "python3"
+    stand_in.parent.mkdir()
+    stand_in.write_text("#!/bin/sh\necho 'python from PATH, not the project venv' >&2\nexit 3\n")
+    stand_in.chmod(0o755)
+    environment = {"PATH": os.pathsep.join((str(stand_in.parent), "/usr/bin", "/bin")), "CUDA_VISIBLE_DEVICES": ""}
+    finished = run_script("--out", str(tmp_path / "out"), "--data", str(snli_dev.parent), env=environment)
+    assert finished.returncode == 1, finished.stderr
+    table = finished.stdout.strip().splitlines()
+    assert table[-1].startswith("CPU (") and "command: scripts/gpu_check.sh --out" in table[-1]
+    rows = {line.split()[0]: line for line in table if line.split() and line.split()[0] in driver.PART_FUNCTIONS}
+    assert rows.keys() == set(driver.PART_FUNCTIONS)
+    assert "no CUDA device visible to torch" in rows["device"]
+    assert all("skipped" in rows[name] and "no CUDA device" in rows[name] for name in rows if name != "device")
+
+
+@pytest.mark.slow  # the whole rehearsal: about a minute of CPU time
+def test_the_dry_run_rehearses_every_part_on_the_cpu(snli_dev, tmp_path):
+    out = tmp_path / "out"
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    started = time.monotonic()
+    finished = run_script(
+        "--dry-run", "--deadline", "900", "--data", str(snli_dev.parent), env={"OUT": str(out)}, timeout=900
+    )
+    wall = time.monotonic() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert cpu < DRY_RUN_CPU_SECONDS, f"{cpu:.0f} s of CPU ({wall:.0f} s wall on this machine)"
+
+    lines = finished.stdout.strip().splitlines()
+    title = max(index for index, line in enumerate(lines) if line.startswith("GPU check (dry run"))
+    assert all(not line.startswith("[") for line in lines[title:]), "the table comes last"
+    assert "command: scripts/gpu_check.sh --dry-run" in lines[-1]
+    summary = json.loads((out / "gpu_check.json").read_text())
+    assert list(summary["parts"]) == list(driver.PART_FUNCTIONS)
+    parts = {name: json.loads((out / "parts" / f"{name}.json").read_text()) for name in driver.PART_FUNCTIONS}
+    for name, part in parts.items():
+        assert part["verdict"] == "ok" and part["status"] == "ok", (name, part.get("error"), part.get("checks"))
+        assert (out / "logs" / f"{name}.log").exists()
+        assert f"{name} " in finished.stdout
+
+    assert parts["device"]["checks"] == {"import blocker active": True}
+    equality = parts["equality"]
+    assert len(equality["checks"]) == 14 and all(equality["checks"].values())
+    assert equality["result"]["worst_float64"] <= 1e-10 and equality["result"]["worst_float32"] <= 1e-5
+    for details in equality["result"]["details"].values():
+        assert details["transitions_equal"]
+    resume = parts["resume"]["checks"]
+    assert resume == {"default: within two straight runs": True, "deterministic: bit-identical": True}
+    nccl = parts["nccl"]["result"]
+    assert nccl["rank"]["backend"] == "gloo" and nccl["rank"]["world"] == 1 and nccl["apart"]["bit_equal"]
+    label = parts["label"]["result"]
+    assert parts["label"]["checks"]["every pair labelled"] and label["distinct_sentences"] > label["pairs"]
+    assert all(details["agreement"] == 1.0 for details in parts["cuda_cpu_labels"]["result"]["details"].values())
+    assert parts["graphs_train"]["checks"] and all(parts["graphs_train"]["checks"].values())
+    assert parts["graphs_predict"]["checks"] and all(parts["graphs_predict"]["checks"].values())
+    assert "no CUDA: graphs not captured" in parts["capture"]["result"]["summary"]
+    timings = parts["encoders"]["result"]["timings"]
+    assert {"fused graphs", "fused eager", "spec graphs", "spec eager"} <= timings.keys()
+    assert "skipped" in timings["spec compiled"]
