@@ -75,6 +75,8 @@ MIN_PART_S = 15
 TABLE_RESERVE_S = 5
 """Kept back from the last part so the table is always printed."""
 SEED = 1234
+REASON_CHARS = 200
+"""A failed part's error, as the table shows it."""
 
 GPU_IMAGE = ("torch", "numpy", "pyarrow", "pytest")
 """What the GPU image has besides the standard library (and these packages' own requirements)."""
@@ -386,8 +388,7 @@ def render_table(summary: dict[str, Any]) -> str:
     )
     lines = [title, f"{'part':<16} {'verdict':<22} {'s':>6}  figures"]
     for name, result in parts.items():
-        figures = result.get("result", {}).get("summary") or result.get("reason") or result.get("error") or ""
-        lines.append(f"{name:<16} {result['verdict']:<22} {result['seconds']:>6.1f}  {figures}")
+        lines.append(f"{name:<16} {result['verdict']:<22} {result['seconds']:>6.1f}  {_figures(result)}")
         for row in result.get("result", {}).get("rows", []):
             lines.append(f"  {row}")
     card = device.get("device_name", "unknown device")
@@ -396,6 +397,16 @@ def render_table(summary: dict[str, Any]) -> str:
         f"{summary['seconds']:.0f} s in all; command: {summary['command']}"
     )
     return "\n".join(lines)
+
+
+def _figures(result: dict[str, Any]) -> str:
+    """A part's summary; for a part that failed, its error first and what it had measured before."""
+    measured = result.get("result", {}).get("summary") or result.get("reason") or ""
+    if result["verdict"] in ("ok", "FAILED", "skipped"):
+        return measured
+    error = (result.get("error") or "").strip().splitlines()
+    cause = error[0][:REASON_CHARS] if error else result["verdict"]
+    return f"{cause}" + (f"; measured before: {measured}" if measured and measured != cause else "")
 
 
 # ============================================================================= the import blocker (dry run)
@@ -697,7 +708,6 @@ def run_part(arguments: argparse.Namespace) -> int:
         part.result["summary"] = str(reason)
     except BaseException as error:  # recorded, with its traceback; the parent goes on with the next part
         part.status, part.error, part.traceback = "error", f"{type(error).__name__}: {error}", traceback.format_exc()
-        part.result.setdefault("summary", part.error.splitlines()[0][:200])
         print(part.traceback, file=sys.stderr)
     part.save()
     return 0 if part.status in ("ok", "skipped") else 1
@@ -1170,6 +1180,9 @@ def _write_vectors(path: Path, words: Iterable[str], dimension: int) -> None:
             file.write(f"{word} {values}\n")
 
 
+WARMUP_BATCHES = 10
+
+
 def train_config(part: Part, files: Prepared, variant: str, steps: int, batch: int, every: int, **changes: Any):
     """spinn train's settings for a short run: the variant's paper preset at the part's size."""
     from spinn.training.config import TrainConfig
@@ -1185,6 +1198,7 @@ def train_config(part: Part, files: Prepared, variant: str, steps: int, batch: i
         log_every=min(10, every),
         device=part.device.type,
         seed=SEED,
+        warmup_pairs=WARMUP_BATCHES * batch,  # README's large-batch recipe: the paper's rate, scaled up, warmed up
     )
     return TrainConfig.build({**values, **changes})
 
@@ -1236,7 +1250,7 @@ def part_checkpoint(part: Part) -> None:
 def trained_checkpoint(part: Part) -> Path:
     path = checkpoint_path(part)
     if not path.exists():
-        raise Skip("no checkpoint: part checkpoint did not make one")
+        raise Skip("no checkpoint: part checkpoint made none (run it first: --only checkpoint,PART)")
     return path
 
 
@@ -1658,19 +1672,30 @@ def part_capture(part: Part) -> None:
         if "note" not in report:
             reasons = [refusal["reason"] for refusal in report["refused"]]
             part.check(f"{name}: no shape refused", not reasons, reasons=reasons)
-    part.record(reports=reports, summary=_capture_summary(reports))
+    part.record(reports=reports, rows=_capture_rows(reports), summary=_capture_summary(reports))
+
+
+def _capture_rows(reports: dict[str, Any]) -> list[str]:
+    return [
+        f"{name:<22} {report['captured']:>3}/{report['shapes']:<3} shapes captured, {len(report['refused'])} refused, "
+        f"{report['warming_up']} warming up, {report['over_limit']} past the limit; capture "
+        f"{report['capture_seconds']:.1f} s of {report['seconds']:.1f} s"
+        for name, report in reports.items()
+        if "note" not in report
+    ]
 
 
 def _capture_summary(reports: dict[str, Any]) -> str:
-    parts = []
-    for name, report in reports.items():
-        if "note" in report:
-            return f"{report['note']} ({len(reports)} steps run eagerly)"
-        parts.append(
-            f"{name}: {report['captured']}/{report['shapes']} captured, {len(report['refused'])} refused, "
-            f"{report['capture_seconds']:.1f} s"
-        )
-    return "; ".join(parts)
+    notes = {report["note"] for report in reports.values() if "note" in report}
+    if notes:
+        return f"{'; '.join(sorted(notes))} ({len(reports)} kinds of step run eagerly)"
+    refused = sorted({item["reason"] for report in reports.values() for item in report["refused"]})
+    captured = sum(report["captured"] for report in reports.values())
+    shapes = sum(report["shapes"] for report in reports.values())
+    seconds = sum(report["capture_seconds"] for report in reports.values())
+    return f"{captured}/{shapes} shapes captured in {seconds:.1f} s" + (
+        f"; refused: {' | '.join(refused)}" if refused else "; none refused"
+    )
 
 
 # ----------------------------------------------------------------------------- part: encoders

@@ -101,6 +101,16 @@ def test_the_import_blocker_hides_what_the_gpu_image_lacks(tmp_path):
     assert "dask is hidden (not on the GPU image)" in finished.stderr
 
 
+def test_readme_gives_the_device_call_the_script_gives():
+    """README's GPU section and the script's header name the same call, carrying what --prepare makes."""
+    call = 'run(command="scripts/gpu_check.sh", carry=[".whl", ".gpu-data"], timeout_s=480)'
+    section = (ROOT / "README.md").read_text().split("## GPU training", 1)[1].split("\n## ", 1)[0]
+    assert call in section and call in SCRIPT.read_text() and call in (ROOT / "scripts" / "gpu_check.py").read_text()
+    for command in ("scripts/gpu_check.sh --prepare", "scripts/gpu_check.sh --dry-run"):
+        assert command in section
+    assert {f"/{name}/" for name in (".whl", ".gpu-data")} == set(driver.EXCLUDED)
+
+
 def test_the_data_folders_are_excluded_from_git_once(tmp_path):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     for _ in range(2):
