@@ -35,7 +35,7 @@ once by `scripts/gpu_check.sh --prepare` on a machine with pip's registry and bo
     scripts/gpu_check.sh --prepare                 # once, here: wheels into .whl/, SNLI dev + test into .gpu-data/
     scripts/gpu_check.sh --dry-run                 # rehearse every part on the CPU (under 2 minutes on 2 cores)
     run(command="scripts/gpu_check.sh", carry=[".whl", ".gpu-data"], timeout_s=480)   # the device call
-    scripts/gpu_check.sh --only speed,label        # a second, shorter call: some parts only
+    scripts/gpu_check.sh --only checkpoint,label   # a second, shorter call: some parts (label needs a checkpoint)
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 #   scripts/gpu_check.sh --dry-run      # every part at the smallest size on the CPU (under 2 minutes on 2 cores)
 #   scripts/gpu_check.sh                # on the GPU machine; the device call of a session:
 #       run(command="scripts/gpu_check.sh", carry=[".whl", ".gpu-data"], timeout_s=480)
-#   scripts/gpu_check.sh --only speed,label      # some parts only (a second, shorter call)
+#   scripts/gpu_check.sh --only checkpoint,label   # some parts only (a second, shorter call)
 #
 # The GPU image has Python 3.12 with torch (CUDA), numpy, pyarrow and pytest, and no spinn install: the
 # checkout goes on PYTHONPATH, and when pydantic is missing the carried wheels are installed into /tmp/site.
