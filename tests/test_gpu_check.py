@@ -8,6 +8,7 @@ can check (fused = spec encoder in float64 and float32, exact resume, gloo under
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import os
@@ -74,6 +75,61 @@ def test_every_part_has_a_function_and_a_size_for_both_runs():
     assert driver.FULL.label_pairs == 100_000 and driver.FULL.epoch_pairs == 550_152
     assert driver.FULL.speed_batch == 256 and driver.FULL.speed_large_batch == 1024 and driver.FULL.speed_d == 300
     assert driver.FULL.resume_steps == 60 and driver.FULL.graph_steps == 20 and driver.FULL.nccl_steps == 20
+
+
+def gpu_part(name: str, tmp_path: Path):
+    """A part of the full (GPU) run, writing nowhere: what its GPU-only branches are given."""
+    arguments = argparse.Namespace(part=name, rank_of=None, dry_run=False, work=tmp_path, data=tmp_path, result=None)
+    return driver.Part(arguments)
+
+
+def test_the_gpu_only_branches_judge_and_print_what_a_gpu_would_give(tmp_path):
+    """What only a GPU run reaches, fed with the shapes of its inputs: the speed goals, the capture rows, the
+    encoders' verdict and a failed part's row."""
+    speed = gpu_part("speed", tmp_path)
+    found = {
+        label: {"pairs_per_second": rate, "seconds_per_step": 0.01, "peak_memory_bytes": 2**30}
+        for label, rate in [
+            ("train 256", 50_000),
+            ("train 1024", 70_000),
+            ("infer 1024 fp32", 250_000),
+            ("infer 1024 bf16", 300_000),
+            ("loop 256", 46_000),
+        ]
+    }
+    found["profile 256"] = {
+        **found["train 256"],
+        **{"gpu_busy_share": 0.6, "kernels_per_step": 400.0, "ops_per_transition_step": 41.5, "syncs_per_step": 0},
+    }
+    driver._speed_checks(speed, found)
+    assert speed.checks == {
+        "train 256 >= 40,000 pairs/s": True,
+        "train 1024 >= 80,000 pairs/s": False,
+        "infer 1024 fp32 >= 200,000 pairs/s": True,
+        "infer 1024 bf16 >= 200,000 pairs/s": True,
+        "loop >= 90% of bench": True,
+        "GPU busy >= 70%": False,
+    }
+    rows = driver._speed_rows(speed, found)
+    assert "goal >= 40,000: met" in rows[0] and "goal >= 80,000: NOT met" in rows[1] and "epoch" in rows[0]
+    assert driver._speed_summary(speed, found).startswith("loop/bench 92%, GPU busy 60%, kernels/step 400")
+
+    report = {"shapes": 10, "captured": 9, "refused": [{"shape": [512, 32], "reason": "RuntimeError: no"}]}
+    report.update(warming_up=0, over_limit=0, capture_seconds=1.5, seconds=4.0)
+    reports = {"train pi": report, "infer pi gold": {**report, "refused": []}}
+    assert driver._capture_rows(reports)[0].startswith("train pi                 9/10  shapes captured, 1 refused")
+    assert driver._capture_summary(reports) == "18/20 shapes captured in 3.0 s; refused: RuntimeError: no"
+
+    timings = {"pairs": 256, "fused graphs": {"pairs_per_second": 30_000.0}, "spec graphs": {"failed": "x"}}
+    timings.update({"fused eager": {"pairs_per_second": 6_000.0}, "spec eager": {"pairs_per_second": 2_000.0}})
+    timings["spec compiled"] = {"pairs_per_second": 10_000.0}
+    verdict = driver._encoder_verdict(timings)
+    assert "graphs n/a" in verdict and "eager 3.00x" in verdict and "spec compiled 3.00x" in verdict
+
+    failed = {"verdict": "timed out after 90 s", "error": None, "result": {"summary": "3 rows so far"}}
+    assert driver._figures(failed) == "timed out after 90 s; measured before: 3 rows so far"
+    crashed = {"verdict": "error", "error": "RuntimeError: CUDA error: an illegal memory access\nmore", "result": {}}
+    assert driver._figures(crashed) == "RuntimeError: CUDA error: an illegal memory access"
 
 
 def test_the_carried_wheels_bring_everything_they_require():
