@@ -136,6 +136,30 @@ def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
     assert load_checkpoint(result.best_checkpoint).to_dict().keys() == contents.keys()
 
 
+def test_the_dev_curve_holds_each_evaluation_once_at_its_own_step(prepared, workdir):
+    """Issue 34 item 4: the best model's dev scores, linked to the logged model, are the points its evaluation
+    logged, not a second dev_accuracy at step 0, where the curve in MLflow and dev_curve.csv began at its end."""
+    import csv
+
+    import mlflow
+
+    from spinn.training.publish import write_metrics_files
+
+    config = tiny_config(max_steps=4, eval_every=2)
+    result = train(
+        prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "m", progress=False
+    )
+    client = mlflow.MlflowClient()
+    history = client.get_metric_history(result.run_id, "dev_accuracy")
+    assert [point.step for point in history] == [2, 4], [(point.step, point.value) for point in history]
+    (model,) = client.search_logged_models(experiment_ids=[client.get_run(result.run_id).info.experiment_id])
+    linked = {metric.key: (metric.step, metric.value) for metric in model.metrics}
+    assert linked["dev_accuracy"] == (result.best_step, result.best_dev_accuracy)
+    _, _, dev_curve = write_metrics_files(result, workdir / "metrics")
+    with dev_curve.open(encoding="utf-8") as handle:
+        assert [int(row["step"]) for row in csv.DictReader(handle)] == [2, 4]
+
+
 def test_resuming_a_finished_run_registers_nothing_new(prepared, workdir):
     import mlflow
 

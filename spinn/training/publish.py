@@ -147,7 +147,8 @@ def _publish(run: TrainingRun, state: TrainState, report: dict, tracking, regist
         run.vocabulary.save(folder / VOCAB_FILENAME)
         (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
         files = (checkpoint, folder / VOCAB_FILENAME, folder / "config.json")
-        log_model(state.run_id, *files, report["dev"], needs_parser=not config.model.predicts_transitions)
+        needs_parser = not config.model.predicts_transitions
+        log_model(state.run_id, *files, report["dev"], needs_parser=needs_parser, step=state.best_step)
         tracking.log_run_artifacts(state.run_id, _dev_report(report, folder), DEV_ARTIFACT_DIR)
         with atomic_path(run.output_dir / REPORT_NAME) as temporary:
             temporary.write_text(json.dumps(report, indent=2), encoding="utf-8")
