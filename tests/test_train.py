@@ -132,8 +132,43 @@ def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
         "state",
         "data",
         "metrics",
+        "temperature",
     } == set(contents)
     assert load_checkpoint(result.best_checkpoint).to_dict().keys() == contents.keys()
+
+
+@pytest.mark.parametrize("variant", ["pi", "spinn"])
+def test_best_pt_keeps_the_temperature_fitted_on_its_dev_logits_and_the_logged_model_carries_it(
+    prepared, workdir, variant
+):
+    """Temperature scaling after training: fitted on dev's logits on the trees the model labels with (pi: the
+    parses, those of the evaluation that made it best, not a second run; spinn: its own, one run at the end),
+    kept in best.pt and the logged MLflow model, logged as a metric at the best step."""
+    import mlflow
+
+    from spinn.model.loading import load_model
+    from spinn.training.calibration import fit_temperature
+    from spinn.training.evaluate import predict_examples, read_examples
+    from spinn.training.loop import labelling_source
+
+    model = {"variant": variant, **TINY_MODEL}
+    config = tiny_config(max_steps=3, registered_model="spinn-calibrated", model=model)
+    result = train(
+        prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "m", progress=False
+    )
+    saved = load_checkpoint(result.best_checkpoint)
+    assert saved.temperature == result.temperature and 0 < saved.temperature != 1.0
+    loaded = load_model(result.best_checkpoint, torch.device("cpu"))
+    dev = read_examples(prepared / "dev.parquet", loaded.vocabulary)
+    source = labelling_source(loaded.model.config)
+    found = predict_examples(loaded.model, dev, torch.device("cpu"), source=source)
+    assert saved.temperature == pytest.approx(fit_temperature(found.logits, found.gold), rel=1e-6)
+    client = mlflow.MlflowClient()
+    history = client.get_metric_history(result.run_id, "temperature")
+    assert [(point.step, point.value) for point in history] == [(result.best_step, saved.temperature)]
+    assert client.get_run(result.run_id).data.tags["temperature"] == f"{saved.temperature:.4f}"
+    model = Path(mlflow.artifacts.download_artifacts("models:/spinn-calibrated@champion", dst_path=str(workdir / "dl")))
+    assert load_checkpoint(model / "artifacts" / "checkpoint.pt").temperature == saved.temperature
 
 
 def test_the_dev_curve_holds_each_evaluation_once_at_its_own_step(prepared, workdir):

@@ -151,6 +151,12 @@ def train(
     callback=output_with_suffix(".csv"),
     help="Also write actual,predicted per pair as CSV here (DVC's plot).",
 )
+@click.option(
+    "--reliability",
+    type=PATH,
+    help="Also write the reliability diagram (reliability.png) and its bins before and after the model's "
+    "temperature (uncalibrated.csv, calibrated.csv: DVC's plot) into this folder.",
+)
 @click.option("--vocab", type=PATH, callback=input_file, help="Check the model was trained with this vocabulary.")
 @config_option("evaluate")
 @field_options(EvaluateSettings)
@@ -160,6 +166,7 @@ def evaluate(
     output: Path,
     plot: Path | None,
     predictions: Path | None,
+    reliability: Path | None,
     vocab: Path | None,
     config_path: Path | None,
     **options: Any,
@@ -170,7 +177,15 @@ def evaluate(
 
     settings = resolve(EvaluateSettings, config_path, given(EvaluateSettings, options))
     metrics = evaluate_stage(
-        model_reference, data, output, settings, plot=plot, predictions=predictions, vocab=vocab, progress=True
+        model_reference,
+        data,
+        output,
+        settings,
+        plot=plot,
+        predictions=predictions,
+        reliability=reliability,
+        vocab=vocab,
+        progress=True,
     )
     line = f"accuracy {metrics.accuracy:.4f} on {metrics.examples} pairs (macro F1 {metrics.macro_f1:.4f})"
     if metrics.transition_accuracy is not None:
@@ -178,5 +193,7 @@ def evaluate(
     if metrics.oov_share is not None:
         line += f"; {metrics.oov_share:.1%} of tokens out of the model's vocabulary"
     click.echo(line)
+    click.echo(metrics.calibration.describe())
     written = f"metrics written to {output}, the per-class report to {report_path(output)}"
+    written += f", reliability diagram to {reliability}" if reliability else ""
     click.echo(written + (f", confusion matrix to {plot}" if plot else ""))

@@ -10,24 +10,29 @@ talks to MLflow, and the others meet it at the same points.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
 from spinn.model.batch import bucket_batches
-from spinn.model.checkpoint import rng_states
+from spinn.model.checkpoint import load_checkpoint, rng_states, save_checkpoint
+from spinn.model.config import SPINNConfig, TransitionSource
+from spinn.model.loading import load_model
 from spinn.tracking import links
 from spinn.training import distributed
 from spinn.training.build import TrainingRun
+from spinn.training.calibration import fit_temperature
 from spinn.training.checkpoints import save_run
 from spinn.training.divergence import check_loss, check_weights
-from spinn.training.evaluate import score_examples
+from spinn.training.evaluate import Scored, predict_examples, transition_source
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT
 from spinn.training.loader import prefetch
 from spinn.training.progress import ProgressClock
 from spinn.training.state import TrainState, budget_spent
 
 RL_METRICS = ("rl_reward", "rl_baseline", "policy_entropy", "reduce_fraction")
+TEMPERATURE_METRIC = "temperature"
+"""Logged at each new best dev step: the softmax temperature fitted on that evaluation, which best.pt keeps."""
 
 
 def loop(run: TrainingRun, state: TrainState, tracking, progress: bool) -> None:
@@ -163,9 +168,11 @@ def _progress_line(run: TrainingRun, state: TrainState, clock: ProgressClock, wi
 
 
 def evaluate_dev(run: TrainingRun, state: TrainState, tracking) -> int:
-    """Dev accuracy now (rank 0); keeps best.pt; returns evaluations since the best one (for early stopping)."""
+    """Dev accuracy now (rank 0); keeps best.pt, with the temperature that calibrates it when these dev logits
+    are the ones it labels with (else `calibrate_best` fits it at the end); returns evaluations since the
+    best one (for early stopping)."""
     # rl is scored on the trees it builds itself (greedy): that is how it will be used.
-    metrics = score_examples(
+    found = predict_examples(
         run.model,
         run.dev,
         run.device,
@@ -173,6 +180,7 @@ def evaluate_dev(run: TrainingRun, state: TrainState, tracking) -> int:
         step=run.dev_infer,
         report_every_s=run.report_every_s,
     )
+    metrics = found.metrics()
     state.last_eval_step = state.step
     logged = {"dev_accuracy": metrics.accuracy}
     if metrics.transition_accuracy is not None:
@@ -183,7 +191,36 @@ def evaluate_dev(run: TrainingRun, state: TrainState, tracking) -> int:
     tracking.log_metrics(logged, state.step)
     if metrics.accuracy > state.best_dev_accuracy:
         state.best_dev_accuracy, state.best_step, state.evals_since_best = metrics.accuracy, state.step, 0
-        save_run(run, state, run.output_dir / BEST_CHECKPOINT, metrics)
+        temperature = None
+        if run.dev_infer.source is labelling_source(run.model.config):  # the logits at hand: dev is not run again
+            temperature = _fitted(found, state.step, tracking)
+        save_run(run, state, run.output_dir / BEST_CHECKPOINT, metrics, temperature)
     else:
         state.evals_since_best += 1
     return state.evals_since_best
+
+
+def calibrate_best(run: TrainingRun, tracking) -> None:
+    """Give best.pt its temperature if it has none: its model labels on other trees than dev was scored on
+    (spinn: scored on the parses, labelling on its own trees), or it predates calibration. Fitted once, at the
+    end, on dev run the way the model labels."""
+    path = run.output_dir / BEST_CHECKPOINT
+    best = load_checkpoint(path)
+    if best.temperature is not None:
+        return
+    loaded = load_model(path, run.device)
+    source = labelling_source(loaded.model.config)
+    found = predict_examples(loaded.model, run.dev, run.device, source=source, report_every_s=run.report_every_s)
+    save_checkpoint(path, replace(best, temperature=_fitted(found, best.step, tracking)))
+
+
+def labelling_source(config: SPINNConfig) -> TransitionSource:
+    """The trees a model labels with by default (`spinn label`, `spinn evaluate`): its probabilities there are
+    the ones to calibrate."""
+    return transition_source("auto", config)
+
+
+def _fitted(found: Scored, step: int, tracking) -> float:
+    temperature = fit_temperature(found.logits, found.gold)
+    tracking.log_metrics({TEMPERATURE_METRIC: temperature}, step)
+    return temperature

@@ -23,7 +23,7 @@ from spinn.training.build import TrainingRun
 from spinn.training.checkpoints import save_run
 from spinn.training.config import TrainConfig
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT, REPORT_NAME
-from spinn.training.loop import evaluate_dev
+from spinn.training.loop import calibrate_best, evaluate_dev
 from spinn.training.metrics import Metrics, plot_confusion
 from spinn.training.state import TrainResult, TrainState
 
@@ -89,6 +89,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
     """Make sure the best model is evaluated, then log artifacts and register it (once per best model)."""
     if state.last_eval_step != state.step:
         evaluate_dev(run, state, tracking)
+    calibrate_best(run, tracking)
     best = load_checkpoint(run.output_dir / BEST_CHECKPOINT)
     pairs_per_second = state.train_pairs / state.train_seconds if state.train_seconds else 0.0
     tracking.log_metrics({SELECTION_METRIC: state.best_dev_accuracy}, state.step)  # what registration compares
@@ -98,6 +99,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
             "steps": str(state.step),
             "mean_pairs_per_second": f"{pairs_per_second:.1f}",
             "train_seconds": f"{state.train_seconds:.1f}",
+            "temperature": f"{best.softmax_temperature:.4f}",
         }
     )
     report = {
@@ -105,6 +107,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
         "steps": state.step,
         "best_step": state.best_step,
         "best_dev_accuracy": state.best_dev_accuracy,
+        "temperature": best.softmax_temperature,
         "dev": best.metrics,
         "train_seconds": state.train_seconds,
         "pairs_per_second": pairs_per_second,
@@ -130,6 +133,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
         state.train_seconds,
         pairs_per_second,
         best.metrics or {},
+        best.softmax_temperature,
     )
 
 
@@ -191,6 +195,7 @@ def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, P
         "best_dev_accuracy": result.best_dev_accuracy,
         "best_step": result.best_step,
         "steps": result.steps,
+        "temperature": result.temperature,
     }
     paths = metrics_files(metrics_dir)
     with publishing(paths):

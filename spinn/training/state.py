@@ -44,6 +44,8 @@ class TrainResult:
     train_seconds: float
     pairs_per_second: float
     dev_metrics: dict[str, Any] = field(default_factory=dict)
+    temperature: float = 1.0
+    """best.pt's softmax temperature, fitted on dev (spinn.training.calibration)."""
 
 
 def budget_spent(config: TrainConfig, state: TrainState) -> bool:
