@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -417,6 +418,19 @@ def test_rng_states_restore_whatever_device_or_dtype_they_come_back_as():
 # ----------------------------------------------------------------------------- an output folder holds one run
 
 
+def test_run_names_say_the_variant_its_size_and_whether_the_data_is_the_synthetic_smoke_corpus(prepared, smoke_model):
+    """Issue 34 item 6: smoke runs were named `spinn snli_1.0_train <time>` like runs on real SNLI (the smoke
+    corpus is laid out as snli_1.0.zip), so the runs table could not tell them apart."""
+    from spinn.training.publish import default_run_name
+
+    config = tiny_config()
+    real = default_run_name(config, prepared / "train.parquet")
+    smoke = default_run_name(config, smoke_model.prepared / "train.parquet")
+    assert real.startswith("spinn-16d snli_1.0_train_first1024 ") and "smoke" not in real, real
+    assert smoke.startswith("spinn-16d smoke train "), smoke
+    assert re.fullmatch(r"spinn-16d smoke train \d{4}-\d\d-\d\dT\d\d:\d\d [0-9a-f]{4}", smoke), smoke
+
+
 def test_runs_get_distinct_names_and_hold_their_data_and_confusion_matrices(prepared, workdir):
     """Without --run-name, each run is named by variant, data and time (not by the seeded generator); a run
     lists its data as dataset inputs, keeps the dev and (after evaluate) test scores and confusion matrices
@@ -436,7 +450,7 @@ def test_runs_get_distinct_names_and_hold_their_data_and_confusion_matrices(prep
     runs = [client.get_run(result.run_id) for result in (first, second)]
     names = [run.info.run_name for run in runs]
     assert names[0] != names[1], names
-    assert all(name.startswith("spinn snli_1.0_train_first1024 ") for name in names), names
+    assert all(name.startswith("spinn-16d snli_1.0_train_first1024 ") for name in names), names
 
     run = runs[0]
     inputs = {item.tags[0].value: item.dataset for item in run.inputs.dataset_inputs}

@@ -54,11 +54,27 @@ def data_name(path: Path) -> str:
 
 
 def default_run_name(config: TrainConfig, train_path: Path) -> str:
-    """`pi snli_1.0_train 2026-11-23 16:20:05 3f2a`: the variant, the data, the start time and four hex
-    digits from the OS (never the seeded generator, which made every MLflow name the same), so runs
-    differ in MLflow's table and compare view, even two started in the same second."""
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
-    return f"{config.model.variant} {data_name(train_path)} {started} {secrets.token_hex(2)}"
+    """`spinn-300d snli_1.0_train 2026-11-23T16:20 3f2a`: the variant and its size, the data (`smoke train`
+    for the synthetic smoke corpus), the start time and four hex digits from the OS (never the seeded
+    generator, which made every MLflow name the same), so runs differ in MLflow's table and compare view,
+    even two started in the same minute."""
+    started = time.strftime("%Y-%m-%dT%H:%M")
+    model = f"{config.model.variant}-{config.model.d_hidden}d"
+    return f"{model} {_data_label(Path(train_path))} {started} {secrets.token_hex(2)}"
+
+
+def _data_label(path: Path) -> str:
+    """`smoke <split>` for a split of the smoke corpus, which is laid out as SNLI (its file names say
+    snli_1.0_train) and only its pair ids tell; else `data_name`."""
+    import pyarrow.parquet as pq
+
+    from spinn.data.smoke import SMOKE_ID_PREFIX
+
+    try:
+        first = pq.ParquetFile(path).read_row_group(0, columns=["pair_id"]).column(0)[0].as_py()
+    except (OSError, ValueError, KeyError, IndexError):  # not a prepared split, or an empty one
+        first = ""
+    return f"smoke {path.stem}" if str(first).startswith(SMOKE_ID_PREFIX) else data_name(path)
 
 
 def log_run_start(run: TrainingRun, tracking) -> None:
