@@ -155,6 +155,7 @@ def train_stage(
         "best_dev_accuracy": result.best_dev_accuracy,
         "pairs_per_second": result.pairs_per_second,
         "train_seconds": result.train_seconds,
+        "eval_seconds": result.eval_seconds,
         "checkpoint": str(result.best_checkpoint),
     }
     return StageOutput.of(summary, result.best_checkpoint, *metrics_files)

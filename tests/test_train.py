@@ -594,7 +594,47 @@ def test_without_a_bar_training_prints_progress_lines(prepared, workdir, capsys)
         "train step 2/3 (67%)",
         "train step 3/3 (100%)",
     ]
-    assert "pairs/s; best dev accuracy" in lines[-1]
+    assert "over steps 3-3; best dev accuracy" in lines[-1]
+
+
+def test_without_a_terminal_the_commands_print_whole_current_lines_and_dev_time_apart(prepared, workdir):
+    """Issue 34 item 6: under DVC (stderr a file) `spinn train` drew a tqdm bar with carriage returns, its
+    postfix lagging, and its last line hid dev evaluation's time. Without a terminal: plain lines, each saying
+    the speed since the last and the steps its loss covers; the last line gives both times."""
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    data = ["--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet")]
+    tiny = [f"--set=model.{key}={value}" for key, value in TINY_MODEL.items()]
+    steps = ["--set=max_steps=2", "--set=eval_every=1", "--set=log_every=1", "--set=threads=1", "--set=device=cpu"]
+    trained = CliRunner().invoke(main, ["train", *data, *tiny, *steps, "--output-dir", "m", "--no-register"])
+    assert trained.exit_code == 0, trained.output
+    assert "\r" not in trained.output
+    (line,) = [line for line in trained.output.splitlines() if line.startswith("train step ")]
+    assert re.match(r"train step 2/2 \(100%\): [\d,]+ pairs/s \([\d.]+ steps/s\) since the last line; ", line), line
+    assert "over steps 2-2; best dev accuracy" in line, line
+    (final,) = [line for line in trained.output.splitlines() if line.startswith("best dev accuracy")]
+    assert re.search(r"over \d+ s of training, \d+ s of dev evaluation; softmax temperature [\d.]+\)$", final), final
+    arguments = ["--model", "m/best.pt", "--data", str(prepared / "dev.parquet"), "--output", "dev.json"]
+    evaluated = CliRunner().invoke(main, ["evaluate", *arguments, "--no-track", "--device", "cpu"])
+    assert evaluated.exit_code == 0 and "\r" not in evaluated.output, evaluated.output
+    assert "expected calibration error" in evaluated.output
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
+    from spinn.training.progress import REPORT_EVERY_S, report_interval
+
+    class Stream:
+        def __init__(self, terminal: bool) -> None:
+            self.terminal = terminal
+
+        def isatty(self) -> bool:
+            return self.terminal
+
+    assert report_interval(None, Stream(terminal=True)) is None
+    assert report_interval(None, Stream(terminal=False)) == REPORT_EVERY_S
+    assert report_interval(5.0, Stream(terminal=True)) == 5.0
 
 
 def test_without_an_output_folder_each_distinct_run_trains_into_its_own(prepared, workdir):

@@ -97,11 +97,14 @@ def train(
     """Train a SPINN model with MLflow tracking, checkpoints and model registration."""
     from spinn.io import check_outputs
     from spinn.settings import set_layer
+    from spinn.training.progress import report_interval
     from spinn.training.publish import metrics_files, write_metrics_files
     from spinn.training.train import train as train_stage
     from spinn.training.train import training_inputs
 
     config = resolve(TrainConfig, config_path, set_layer(overrides), given(TrainConfig, options))
+    # no bar: nothing (--no-progress), or lines where no terminal shows one (DVC, CI)
+    report_every_s = report_every if no_progress else report_interval(report_every)
     if metrics_dir is not None:
         check_outputs(metrics_files(metrics_dir), inputs=training_inputs(train_path, dev_path, vocab_path))
     result = train_stage(
@@ -115,14 +118,15 @@ def train(
         overwrite=overwrite,
         run_name=run_name,
         register=not no_register,
-        progress=not no_progress and report_every is None,
-        report_every_s=report_every,
+        progress=not no_progress and report_every_s is None,
+        report_every_s=report_every_s,
     )
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     click.echo(
         f"best dev accuracy {result.best_dev_accuracy:.4f} at step {result.best_step} of {result.steps} "
-        f"({result.pairs_per_second:.0f} pairs/s over {result.train_seconds:.0f} s of training)"
+        f"({result.pairs_per_second:.0f} pairs/s over {result.train_seconds:.0f} s of training, "
+        f"{result.eval_seconds:.0f} s of dev evaluation; softmax temperature {result.temperature:.4f})"
     )
     click.echo(f"checkpoint {result.best_checkpoint}; MLflow run {result.run_id}")
     if result.model_version is not None:
@@ -174,8 +178,10 @@ def evaluate(
     """Score a trained model on a prepared split: accuracy, per-class P/R/F1, confusion matrix."""
     from spinn.training.evaluate import evaluate as evaluate_stage
     from spinn.training.evaluate import report_path
+    from spinn.training.progress import report_interval
 
     settings = resolve(EvaluateSettings, config_path, given(EvaluateSettings, options))
+    report_every_s = report_interval(None)
     metrics = evaluate_stage(
         model_reference,
         data,
@@ -185,7 +191,8 @@ def evaluate(
         predictions=predictions,
         reliability=reliability,
         vocab=vocab,
-        progress=True,
+        progress=report_every_s is None,
+        report_every_s=report_every_s,
     )
     line = f"accuracy {metrics.accuracy:.4f} on {metrics.examples} pairs (macro F1 {metrics.macro_f1:.4f})"
     if metrics.transition_accuracy is not None:

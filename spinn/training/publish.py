@@ -105,7 +105,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
     """Make sure the best model is evaluated, then log artifacts and register it (once per best model)."""
     if state.last_eval_step != state.step:
         evaluate_dev(run, state, tracking)
-    calibrate_best(run, tracking)
+    calibrate_best(run, state, tracking)
     best = load_checkpoint(run.output_dir / BEST_CHECKPOINT)
     pairs_per_second = state.train_pairs / state.train_seconds if state.train_seconds else 0.0
     tracking.log_metrics({SELECTION_METRIC: state.best_dev_accuracy}, state.step)  # what registration compares
@@ -115,6 +115,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
             "steps": str(state.step),
             "mean_pairs_per_second": f"{pairs_per_second:.1f}",
             "train_seconds": f"{state.train_seconds:.1f}",
+            "eval_seconds": f"{state.eval_seconds:.1f}",
             "temperature": f"{best.softmax_temperature:.4f}",
         }
     )
@@ -126,6 +127,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
         "temperature": best.softmax_temperature,
         "dev": best.metrics,
         "train_seconds": state.train_seconds,
+        "eval_seconds": state.eval_seconds,
         "pairs_per_second": pairs_per_second,
         "config": run.config.to_dict(),
         "data": run.data_hashes,
@@ -150,6 +152,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
         pairs_per_second,
         best.metrics or {},
         best.softmax_temperature,
+        state.eval_seconds,
     )
 
 
