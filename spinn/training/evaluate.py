@@ -1,4 +1,4 @@
-"""The evaluate stage: a trained model + a prepared split -> metrics JSON and a confusion plot.
+"""The evaluate stage: a trained model + a prepared split -> metrics JSON, a confusion plot, a reliability diagram.
 
 The model is a checkpoint file or an MLflow URI (`models:/spinn@champion`,
 `runs:/<id>/model`); either way it is read with weights_only, rebuilt from its
@@ -6,8 +6,10 @@ own config and vocabulary, and run by the one inference loop that labelling
 uses too (spinn/inference/predict.py), so the same inputs always give the
 same numbers. The split is encoded with the model's vocabulary; the metrics
 report the share of its tokens outside it, with a warning when that is most
-of them. `predict_examples` is also what training calls for its
-periodic dev evaluation.
+of them. The probabilities are the model's own (its softmax temperature
+applied), and the metrics give their expected calibration error before and
+after that temperature (spinn.training.calibration). `predict_examples` is
+also what training calls for its periodic dev evaluation.
 """
 
 from __future__ import annotations

@@ -4,7 +4,10 @@ Plain PyTorch: RMSprop with the paper's step decay, gradient clipping and
 periodic dev evaluation with early stopping (spinn.training.step runs each
 step). Under torchrun every rank runs this loop on its share of each global
 batch; rank 0 (`topology.is_main`) alone evaluates, writes checkpoints and
-talks to MLflow, and the others meet it at the same points.
+talks to MLflow, and the others meet it at the same points. best.pt gets the
+softmax temperature that calibrates its probabilities on dev
+(spinn.training.calibration): from the evaluation that made it best, or, when
+the model labels on other trees than dev is scored on, from one run at the end.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from spinn.training.state import TrainState, budget_spent
 
 RL_METRICS = ("rl_reward", "rl_baseline", "policy_entropy", "reduce_fraction")
 TEMPERATURE_METRIC = "temperature"
-"""Logged at each new best dev step: the softmax temperature fitted on that evaluation, which best.pt keeps."""
+"""Logged at the step of each model best.pt keeps: the softmax temperature fitted on its dev logits."""
 
 
 def loop(run: TrainingRun, state: TrainState, tracking, progress: bool) -> None:
@@ -68,7 +71,7 @@ def _epochs(
     while state.epoch < config.max_epochs:
         order = bucket_batches(run.train, config.batch_size, shuffle=True, seed=config.seed + state.epoch)
         for batch in prefetch(run.train, order[state.batch_in_epoch :], run.device, run.topology):
-            lines.pairs += len(order[state.batch_in_epoch])  # the global batch (under torchrun, each rank's share)
+            lines.pairs += len(order[state.batch_in_epoch])  # the global batch, of which each rank trains a share
             run.step(batch, state.step)
             state.step += 1
             state.batch_in_epoch += 1
