@@ -24,6 +24,7 @@ from flows import tasks
 from flows.artifacts import EVALUATION_KEY, evaluation_facts
 from flows.caching import run_stage
 from flows.settings import EvaluateRequest
+from spinn.training.calibration import RELIABILITY_DIR
 
 EVALUATIONS_DIR = Path("data/evaluations")
 """Where each evaluation without an explicit `output` gets its own folder."""
@@ -53,6 +54,7 @@ def evaluate_spinn(evaluation: EvaluateRequest | None = None) -> dict[str, Any]:
         output=output,
         plot=stem.with_name(f"{stem.name}_confusion.png"),
         predictions=stem.with_name(f"{stem.name}_predictions.csv"),
+        reliability=stem.with_name(f"{stem.name}_{RELIABILITY_DIR}"),
         settings=evaluation.evaluation(),
     ).summary
     create_table_artifact(

@@ -155,6 +155,7 @@ def train_stage(
         "best_dev_accuracy": result.best_dev_accuracy,
         "pairs_per_second": result.pairs_per_second,
         "train_seconds": result.train_seconds,
+        "eval_seconds": result.eval_seconds,
         "checkpoint": str(result.best_checkpoint),
     }
     return StageOutput.of(summary, result.best_checkpoint, *metrics_files)
@@ -162,12 +163,24 @@ def train_stage(
 
 @task(name="evaluate", task_run_name="evaluate", cache_key_fn=cache_on("model", "data"), log_prints=True, **RESULTS)
 def evaluate_stage(
-    model: str, data: Path, output: Path, plot: Path, predictions: Path, settings: EvaluateSettings
+    model: str, data: Path, output: Path, plot: Path, predictions: Path, reliability: Path, settings: EvaluateSettings
 ) -> StageOutput:
+    """`reliability`: the folder of the reliability diagram and its bins (spinn.training.calibration)."""
+    from spinn.training.calibration import reliability_files
     from spinn.training.evaluate import evaluate, report_path
 
-    metrics = evaluate(model, data, output, settings, plot=plot, predictions=predictions, report_every_s=REPORT_EVERY_S)
-    return StageOutput.of(metrics.summary(), output, report_path(output), plot, predictions)
+    metrics = evaluate(
+        model,
+        data,
+        output,
+        settings,
+        plot=plot,
+        predictions=predictions,
+        reliability=reliability,
+        report_every_s=REPORT_EVERY_S,
+    )
+    written = (output, report_path(output), plot, predictions, *reliability_files(reliability).values())
+    return StageOutput.of(metrics.summary(), *written)
 
 
 @task(name="register", task_run_name="register")

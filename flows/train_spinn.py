@@ -22,6 +22,7 @@ from flows.artifacts import TRAINING_RUN_KEY, TRAINING_RUN_LINK_KEY, run_facts, 
 from flows.caching import run_stage
 from flows.prepare_corpus import prepare_corpus
 from flows.settings import CorpusRequest, EvaluateOverrides, EvaluateRequest, TrainRequest
+from spinn.training.calibration import RELIABILITY_DIR
 
 TEST_SPLIT = "test"
 
@@ -78,6 +79,7 @@ def train_spinn(
         output=metrics_dir / f"{TEST_SPLIT}.json",
         plot=metrics_dir / "confusion.png",
         predictions=metrics_dir / f"{TEST_SPLIT}_predictions.csv",
+        reliability=metrics_dir / RELIABILITY_DIR,
         settings=testing,
     ).summary
     registered = None

@@ -83,13 +83,17 @@ OUTPUTS = (
     "data/metrics/dev_curve.csv",
     "data/metrics/test_predictions.csv",
     "data/metrics/confusion.png",
+    "data/metrics/reliability/reliability.png",
+    "data/metrics/reliability/uncalibrated.csv",
+    "data/metrics/reliability/calibrated.csv",
 )
 MODEL = "data/models/best.pt"
 TRAIN_METRICS = "data/metrics/train.json"
 TEST_METRICS = "data/metrics/test.json"
 PARAMS = "params.yaml"
-PLOTS = ("Training curve", "Training loss", "data/metrics/confusion.png")
-"""Plots dvc.yaml declares, each once: the curves (Vega) and the confusion matrix (an image, viewable offline)."""
+PLOTS = ("Training curve", "Training loss", "data/metrics/confusion.png", "Reliability on test")
+"""Plots dvc.yaml declares, each once: the curves (Vega), the confusion matrix (an image, viewable offline) and
+the reliability diagram before and after the temperature (Vega, one line per file)."""
 
 
 @dataclass
@@ -231,18 +235,18 @@ def test_metrics_and_plots_read_what_the_stages_declare(project: Project):
     assert 0.0 <= metrics[TEST_METRICS]["data"]["accuracy"] <= 1.0
     assert 0.0 <= metrics[TRAIN_METRICS]["data"]["best_dev_accuracy"] <= 1.0
     # a table a person reads: headline numbers only, the per-class report is a file of its own
-    assert set(metrics[TRAIN_METRICS]["data"]) == {"best_dev_accuracy", "best_step", "steps"}
-    assert set(metrics[TEST_METRICS]["data"]) <= {
-        "accuracy",
-        "macro_f1",
-        "examples",
-        "transition_accuracy",
-        "oov_share",
-    }
+    assert set(metrics[TRAIN_METRICS]["data"]) == {"best_dev_accuracy", "best_step", "steps", "temperature"}
+    headline = {"accuracy", "macro_f1", "examples", "transition_accuracy", "oov_share"}
+    calibration = {"temperature", "uncalibrated_ece", "calibrated_ece"}
+    calibration |= {"uncalibrated_mean_confidence", "calibrated_mean_confidence"}
+    assert calibration <= set(metrics[TEST_METRICS]["data"]) <= headline | calibration
     # -o: image plots are copied out, by default into dvc_plots/ in the workspace
     shown = run([DVC, "plots", "show", "--json", "-o", str(project.workdir / "plots")], project.repo, project.env)
     plots = json.loads(shown.stdout)["data"]
     assert sorted(plots) == sorted(PLOTS), f"dvc plots show draws {sorted(plots)}"
+    (reliability,) = plots["Reliability on test"]
+    drawn = {point["filename"] for point in reliability["content"]["data"]["values"]}  # one line per file
+    assert drawn == {"uncalibrated.csv", "calibrated.csv"}
 
 
 def test_second_repro_of_a_committed_tree_is_a_no_op(project: Project):

@@ -241,6 +241,8 @@ def test_evaluate_spinn_scores_the_registered_champion(project, first_run):
     assert json.loads(output.read_text())["accuracy"] == pytest.approx(evaluated["accuracy"])
     assert json.loads(report_path(output).read_text())["model"] == "models:/flow-test@champion"
     assert (output.parent / "champion_predictions.csv").is_file()
+    assert (output.parent / "champion_reliability" / "reliability.png").is_file()
+    assert evaluated["uncalibrated_ece"] >= 0 and evaluated["temperature"] > 0  # the flow reports calibration
 
 
 def test_download_is_retried_and_resumes_after_a_dropped_connection(tmp_path, server, monkeypatch, prefect_api):

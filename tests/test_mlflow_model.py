@@ -318,7 +318,8 @@ def test_a_model_that_needs_parses_serves_with_stanza_as_spinn_label_does(tmp_pa
     monkeypatch.chdir(tmp_path)
     checkpoint = untrained_pi_model(tmp_path / "pi.pt")
     with tracking.run("pi-model") as run_id:
-        model_id = log_model(run_id, checkpoint, RELEASE / "vocab.json", RELEASE / "config.json", {}, needs_parser=True)
+        files = (checkpoint, RELEASE / "vocab.json", RELEASE / "config.json")
+        model_id = log_model(run_id, *files, {}, needs_parser=True, step=0)
     pairs = add_refused(release_pairs().head(7))
     served = mlflow.pyfunc.load_model(f"models:/{model_id}").predict(pairs[["premise", "hypothesis"]])
     source = tmp_path / "pairs.csv"
@@ -339,8 +340,8 @@ def test_logging_a_checkpoint_again_keeps_the_logged_model_the_run_has(tmp_path,
     monkeypatch.chdir(tmp_path)
     files = [RELEASE / name for name in ("checkpoint.pt", "vocab.json", "config.json")]
     with tracking.run("relogged") as run_id:
-        first = log_model(run_id, *files, {"accuracy": 0.5, "per_class": {}}, needs_parser=False)
-        assert log_model(run_id, *files, {"accuracy": 0.5}, needs_parser=False) == first
+        first = log_model(run_id, *files, {"accuracy": 0.5, "per_class": {}}, needs_parser=False, step=3)
+        assert log_model(run_id, *files, {"accuracy": 0.5}, needs_parser=False, step=3) == first
     experiment = mlflow.MlflowClient().get_run(run_id).info.experiment_id
     found = mlflow.search_logged_models(experiment_ids=[experiment], output_format="list")
     assert [model.model_id for model in found] == [first]
@@ -398,7 +399,7 @@ def test_only_a_model_that_labels_without_a_parser_has_its_example_checked_as_it
     stanza, predictions = recorded_imports(monkeypatch, "stanza"), recorded_predictions(monkeypatch)
     with tracking.run(f"{variant}-model") as run_id:
         files = (checkpoint, RELEASE / "vocab.json", RELEASE / "config.json")
-        model_id = log_model(run_id, *files, {}, needs_parser=not checked)
+        model_id = log_model(run_id, *files, {}, needs_parser=not checked, step=0)
     assert predictions == ([len(INPUT_EXAMPLE)] if checked else []), "MLflow predicted the input example"
     assert stanza == [], "logging the model imported Stanza"
     folder = Path(mlflow.artifacts.download_artifacts(f"models:/{model_id}", dst_path=str(tmp_path / "logged")))

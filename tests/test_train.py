@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -132,8 +133,67 @@ def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
         "state",
         "data",
         "metrics",
+        "temperature",
     } == set(contents)
     assert load_checkpoint(result.best_checkpoint).to_dict().keys() == contents.keys()
+
+
+@pytest.mark.parametrize("variant", ["pi", "spinn"])
+def test_best_pt_keeps_the_temperature_fitted_on_its_dev_logits_and_the_logged_model_carries_it(
+    prepared, workdir, variant
+):
+    """Temperature scaling after training: fitted on dev's logits on the trees the model labels with (pi: the
+    parses, those of the evaluation that made it best, not a second run; spinn: its own, one run at the end),
+    kept in best.pt and the logged MLflow model, logged as a metric at the best step."""
+    import mlflow
+
+    from spinn.model.loading import load_model
+    from spinn.training.calibration import fit_temperature
+    from spinn.training.evaluate import predict_examples, read_examples
+    from spinn.training.loop import labelling_source
+
+    model = {"variant": variant, **TINY_MODEL}
+    config = tiny_config(max_steps=3, registered_model="spinn-calibrated", model=model)
+    result = train(
+        prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "m", progress=False
+    )
+    saved = load_checkpoint(result.best_checkpoint)
+    assert saved.temperature == result.temperature and 0 < saved.temperature != 1.0
+    loaded = load_model(result.best_checkpoint, torch.device("cpu"))
+    dev = read_examples(prepared / "dev.parquet", loaded.vocabulary)
+    source = labelling_source(loaded.model.config)
+    found = predict_examples(loaded.model, dev, torch.device("cpu"), source=source)
+    assert saved.temperature == pytest.approx(fit_temperature(found.logits, found.gold), rel=1e-6)
+    client = mlflow.MlflowClient()
+    history = client.get_metric_history(result.run_id, "temperature")
+    assert [(point.step, point.value) for point in history] == [(result.best_step, saved.temperature)]
+    assert client.get_run(result.run_id).data.tags["temperature"] == f"{saved.temperature:.4f}"
+    model = Path(mlflow.artifacts.download_artifacts("models:/spinn-calibrated@champion", dst_path=str(workdir / "dl")))
+    assert load_checkpoint(model / "artifacts" / "checkpoint.pt").temperature == saved.temperature
+
+
+def test_the_dev_curve_holds_each_evaluation_once_at_its_own_step(prepared, workdir):
+    """Issue 34 item 4: the best model's dev scores, linked to the logged model, are the points its evaluation
+    logged, not a second dev_accuracy at step 0, where the curve in MLflow and dev_curve.csv began at its end."""
+    import csv
+
+    import mlflow
+
+    from spinn.training.publish import write_metrics_files
+
+    config = tiny_config(max_steps=4, eval_every=2)
+    result = train(
+        prepared / "train.parquet", prepared / "dev.parquet", config, output_dir=workdir / "m", progress=False
+    )
+    client = mlflow.MlflowClient()
+    history = client.get_metric_history(result.run_id, "dev_accuracy")
+    assert [point.step for point in history] == [2, 4], [(point.step, point.value) for point in history]
+    (model,) = client.search_logged_models(experiment_ids=[client.get_run(result.run_id).info.experiment_id])
+    linked = {metric.key: (metric.step, metric.value) for metric in model.metrics}
+    assert linked["dev_accuracy"] == (result.best_step, result.best_dev_accuracy)
+    _, _, dev_curve = write_metrics_files(result, workdir / "metrics")
+    with dev_curve.open(encoding="utf-8") as handle:
+        assert [int(row["step"]) for row in csv.DictReader(handle)] == [2, 4]
 
 
 def test_resuming_a_finished_run_registers_nothing_new(prepared, workdir):
@@ -358,6 +418,19 @@ def test_rng_states_restore_whatever_device_or_dtype_they_come_back_as():
 # ----------------------------------------------------------------------------- an output folder holds one run
 
 
+def test_run_names_say_the_variant_its_size_and_whether_the_data_is_the_synthetic_smoke_corpus(prepared, smoke_model):
+    """Issue 34 item 6: smoke runs were named `spinn snli_1.0_train <time>` like runs on real SNLI (the smoke
+    corpus is laid out as snli_1.0.zip), so the runs table could not tell them apart."""
+    from spinn.training.publish import default_run_name
+
+    config = tiny_config()
+    real = default_run_name(config, prepared / "train.parquet")
+    smoke = default_run_name(config, smoke_model.prepared / "train.parquet")
+    assert real.startswith("spinn-16d snli_1.0_train_first1024 ") and "smoke" not in real, real
+    assert smoke.startswith("spinn-16d smoke train "), smoke
+    assert re.fullmatch(r"spinn-16d smoke train \d{4}-\d\d-\d\dT\d\d:\d\d [0-9a-f]{4}", smoke), smoke
+
+
 def test_runs_get_distinct_names_and_hold_their_data_and_confusion_matrices(prepared, workdir):
     """Without --run-name, each run is named by variant, data and time (not by the seeded generator); a run
     lists its data as dataset inputs, keeps the dev and (after evaluate) test scores and confusion matrices
@@ -377,7 +450,7 @@ def test_runs_get_distinct_names_and_hold_their_data_and_confusion_matrices(prep
     runs = [client.get_run(result.run_id) for result in (first, second)]
     names = [run.info.run_name for run in runs]
     assert names[0] != names[1], names
-    assert all(name.startswith("spinn snli_1.0_train_first1024 ") for name in names), names
+    assert all(name.startswith("spinn-16d snli_1.0_train_first1024 ") for name in names), names
 
     run = runs[0]
     inputs = {item.tags[0].value: item.dataset for item in run.inputs.dataset_inputs}
@@ -521,7 +594,47 @@ def test_without_a_bar_training_prints_progress_lines(prepared, workdir, capsys)
         "train step 2/3 (67%)",
         "train step 3/3 (100%)",
     ]
-    assert "pairs/s; best dev accuracy" in lines[-1]
+    assert "over steps 3-3; best dev accuracy" in lines[-1]
+
+
+def test_without_a_terminal_the_commands_print_whole_current_lines_and_dev_time_apart(prepared, workdir):
+    """Issue 34 item 6: under DVC (stderr a file) `spinn train` drew a tqdm bar with carriage returns, its
+    postfix lagging, and its last line hid dev evaluation's time. Without a terminal: plain lines, each saying
+    the speed since the last and the steps its loss covers; the last line gives both times."""
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    data = ["--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet")]
+    tiny = [f"--set=model.{key}={value}" for key, value in TINY_MODEL.items()]
+    steps = ["--set=max_steps=2", "--set=eval_every=1", "--set=log_every=1", "--set=threads=1", "--set=device=cpu"]
+    trained = CliRunner().invoke(main, ["train", *data, *tiny, *steps, "--output-dir", "m", "--no-register"])
+    assert trained.exit_code == 0, trained.output
+    assert "\r" not in trained.output
+    (line,) = [line for line in trained.output.splitlines() if line.startswith("train step ")]
+    assert re.match(r"train step 2/2 \(100%\): [\d,]+ pairs/s \([\d.]+ steps/s\) since the last line; ", line), line
+    assert "over steps 2-2; best dev accuracy" in line, line
+    (final,) = [line for line in trained.output.splitlines() if line.startswith("best dev accuracy")]
+    assert re.search(r"over \d+ s of training, \d+ s of dev evaluation; softmax temperature [\d.]+\)$", final), final
+    arguments = ["--model", "m/best.pt", "--data", str(prepared / "dev.parquet"), "--output", "dev.json"]
+    evaluated = CliRunner().invoke(main, ["evaluate", *arguments, "--no-track", "--device", "cpu"])
+    assert evaluated.exit_code == 0 and "\r" not in evaluated.output, evaluated.output
+    assert "expected calibration error" in evaluated.output
+
+
+def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
+    from spinn.training.progress import REPORT_EVERY_S, report_interval
+
+    class Stream:
+        def __init__(self, terminal: bool) -> None:
+            self.terminal = terminal
+
+        def isatty(self) -> bool:
+            return self.terminal
+
+    assert report_interval(None, Stream(terminal=True)) is None
+    assert report_interval(None, Stream(terminal=False)) == REPORT_EVERY_S
+    assert report_interval(5.0, Stream(terminal=True)) == 5.0
 
 
 def test_without_an_output_folder_each_distinct_run_trains_into_its_own(prepared, workdir):

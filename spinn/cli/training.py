@@ -97,11 +97,14 @@ def train(
     """Train a SPINN model with MLflow tracking, checkpoints and model registration."""
     from spinn.io import check_outputs
     from spinn.settings import set_layer
+    from spinn.training.progress import report_interval
     from spinn.training.publish import metrics_files, write_metrics_files
     from spinn.training.train import train as train_stage
     from spinn.training.train import training_inputs
 
     config = resolve(TrainConfig, config_path, set_layer(overrides), given(TrainConfig, options))
+    # no bar: nothing (--no-progress), or lines where no terminal shows one (DVC, CI)
+    report_every_s = report_every if no_progress else report_interval(report_every)
     if metrics_dir is not None:
         check_outputs(metrics_files(metrics_dir), inputs=training_inputs(train_path, dev_path, vocab_path))
     result = train_stage(
@@ -115,14 +118,15 @@ def train(
         overwrite=overwrite,
         run_name=run_name,
         register=not no_register,
-        progress=not no_progress and report_every is None,
-        report_every_s=report_every,
+        progress=not no_progress and report_every_s is None,
+        report_every_s=report_every_s,
     )
     if result is None:  # a rank other than 0 under torchrun: rank 0 reports
         return
     click.echo(
         f"best dev accuracy {result.best_dev_accuracy:.4f} at step {result.best_step} of {result.steps} "
-        f"({result.pairs_per_second:.0f} pairs/s over {result.train_seconds:.0f} s of training)"
+        f"({result.pairs_per_second:.0f} pairs/s over {result.train_seconds:.0f} s of training, "
+        f"{result.eval_seconds:.0f} s of dev evaluation; softmax temperature {result.temperature:.4f})"
     )
     click.echo(f"checkpoint {result.best_checkpoint}; MLflow run {result.run_id}")
     if result.model_version is not None:
@@ -151,6 +155,12 @@ def train(
     callback=output_with_suffix(".csv"),
     help="Also write actual,predicted per pair as CSV here (DVC's plot).",
 )
+@click.option(
+    "--reliability",
+    type=PATH,
+    help="Also write the reliability diagram (reliability.png) and its bins before and after the model's "
+    "temperature (uncalibrated.csv, calibrated.csv: DVC's plot) into this folder.",
+)
 @click.option("--vocab", type=PATH, callback=input_file, help="Check the model was trained with this vocabulary.")
 @config_option("evaluate")
 @field_options(EvaluateSettings)
@@ -160,6 +170,7 @@ def evaluate(
     output: Path,
     plot: Path | None,
     predictions: Path | None,
+    reliability: Path | None,
     vocab: Path | None,
     config_path: Path | None,
     **options: Any,
@@ -167,10 +178,21 @@ def evaluate(
     """Score a trained model on a prepared split: accuracy, per-class P/R/F1, confusion matrix."""
     from spinn.training.evaluate import evaluate as evaluate_stage
     from spinn.training.evaluate import report_path
+    from spinn.training.progress import report_interval
 
     settings = resolve(EvaluateSettings, config_path, given(EvaluateSettings, options))
+    report_every_s = report_interval(None)
     metrics = evaluate_stage(
-        model_reference, data, output, settings, plot=plot, predictions=predictions, vocab=vocab, progress=True
+        model_reference,
+        data,
+        output,
+        settings,
+        plot=plot,
+        predictions=predictions,
+        reliability=reliability,
+        vocab=vocab,
+        progress=report_every_s is None,
+        report_every_s=report_every_s,
     )
     line = f"accuracy {metrics.accuracy:.4f} on {metrics.examples} pairs (macro F1 {metrics.macro_f1:.4f})"
     if metrics.transition_accuracy is not None:
@@ -178,5 +200,7 @@ def evaluate(
     if metrics.oov_share is not None:
         line += f"; {metrics.oov_share:.1%} of tokens out of the model's vocabulary"
     click.echo(line)
+    click.echo(metrics.calibration.describe())
     written = f"metrics written to {output}, the per-class report to {report_path(output)}"
+    written += f", reliability diagram to {reliability}" if reliability else ""
     click.echo(written + (f", confusion matrix to {plot}" if plot else ""))

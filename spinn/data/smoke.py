@@ -43,6 +43,8 @@ from spinn.trees.tree import Tree, format_binary, format_ptb
 
 SMOKE_SPLITS: dict[str, int] = {"train": 1500, "dev": 200, "test": 200}
 SMOKE_ARCHIVE_ROOT = "snli_1.0"
+SMOKE_ID_PREFIX = "smoke-"
+"""Every smoke pair id starts so: laid out as SNLI, the corpus says by its ids that it is synthetic."""
 MEMBER_TEMPLATE = "snli_1.0_{split}.jsonl"
 
 ENTAILMENT, NEUTRAL, CONTRADICTION = LABELS
@@ -183,7 +185,7 @@ def _pairs(split: str, rng: random.Random) -> Iterator[tuple[str, str, Scene, Sc
     caption_number = 0
     while True:
         premise = _premise(rng)
-        caption = f"smoke-{split}-{caption_number:05d}.jpg#0"
+        caption = f"{SMOKE_ID_PREFIX}{split}-{caption_number:05d}.jpg#0"
         for label in rng.sample(LABELS, len(LABELS)):
             yield caption, label, premise, HYPOTHESIS_RULES[label](premise, rng)
         caption_number += 1

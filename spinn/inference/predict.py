@@ -11,6 +11,7 @@ until the last batch is done, and come back in input order.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import accumulate
@@ -36,8 +37,9 @@ SENTENCES_PER_PAIR = 2
 class Predictions:
     """What the model said about N pairs, in input order."""
 
-    probabilities: numpy.ndarray  # (N, C) float32
-    labels: numpy.ndarray  # (N,) int64, the most probable class
+    logits: numpy.ndarray  # (N, C) float32, the classifier's, before the temperature
+    probabilities: numpy.ndarray  # (N, C) float32, softmax(logits / temperature)
+    labels: numpy.ndarray  # (N,) int64, the most probable class (the largest logit: no temperature moves it)
     premise_transitions: list[Steps]
     """The 2n-1 transitions each premise ran on (its parse for gold; the tracker's for greedy)."""
     hypothesis_transitions: list[Steps]
@@ -45,6 +47,7 @@ class Predictions:
     """Real steps of the sentences that came with transitions (0: none did, or the model has no tracker)."""
     transition_agreement: int = 0
     """Of those, the steps where the tracker's best legal action is the given transition."""
+    temperature: float = 1.0
 
     @property
     def transition_accuracy(self) -> float | None:
@@ -60,13 +63,18 @@ def predict(
     *,
     step: InferStep | None = None,
     on_batch: Callable[[int], None] | None = None,
+    temperature: float = 1.0,
 ) -> Predictions:
     """Run `model` over `examples` on `source` transitions; the batch size and order change no number.
 
     step: a caller that predicts often (training's dev evaluation) passes its own, so its CUDA graphs
-    are kept. on_batch: told, as each batch of sentences is submitted, its pairs' worth of work (progress)."""
+    are kept. on_batch: told, as each batch of sentences is submitted, its pairs' worth of work (progress).
+    temperature: the probabilities are softmax(logits / temperature): pass the model's own
+    (`Checkpoint.softmax_temperature`, fitted on dev) so they are calibrated; the labels never depend on it."""
     if not examples:
         raise SpinnError("nothing to predict: no examples")
+    if not 0 < temperature < math.inf:
+        raise SpinnError(f"temperature must be a positive finite number, got {temperature}")
     step = step or InferStep(model, source)
     if step.source is not source:
         raise SpinnError(f"the inference step runs on {step.source.value} transitions, not {source.value}")
@@ -81,10 +89,10 @@ def predict(
             if on_batch is not None and pairs:
                 on_batch(pairs)
         order = [index for batch in encoded for index in batch.indices]  # (S,) the sentences in encoding order
-        probabilities = _classify(step, encoded, order, sentences, batch_size)
+        logits = _classify(step, encoded, order, sentences, batch_size)
     finally:
         model.train(was_training)  # the step ran it in eval mode (no dropout, batch norm's running statistics)
-    return _read_back(probabilities, encoded, order, sentences)
+    return _read_back(logits, temperature, encoded, order, sentences)
 
 
 @dataclass(frozen=True)
@@ -157,36 +165,41 @@ def _progress(sentences: Sentences, batches: list[list[int]]) -> list[int]:
 def _classify(
     step: InferStep, encoded: list[_Encoded], order: list[int], sentences: Sentences, batch_size: int
 ) -> Tensor:
-    """(P, C) class probabilities of the pairs in input order, from their sentences' vectors; on the device."""
+    """(P, C) float32 class logits of the pairs in input order, from their sentences' vectors; on the device."""
     vectors = torch.cat([batch.vectors for batch in encoded])  # (S, D) in encoding order
     row = torch.empty(len(sentences.words), dtype=torch.long)  # (S,) where each distinct sentence lies in it
     row[order] = torch.arange(len(row))
     premise = row[sentences.premise].to(vectors.device, non_blocking=True)  # (P,)
     hypothesis = row[sentences.hypothesis].to(vectors.device, non_blocking=True)  # (P,)
-    probabilities = []
+    logits = []
     for start in range(0, len(premise), batch_size):
         pairs = slice(start, start + batch_size)
-        logits = step.classify(vectors[premise[pairs]], vectors[hypothesis[pairs]])  # (b, C)
-        probabilities.append(torch.softmax(logits.float(), dim=1))
-    return torch.cat(probabilities)  # (P, C)
+        logits.append(step.classify(vectors[premise[pairs]], vectors[hypothesis[pairs]]).float())  # (b, C)
+    return torch.cat(logits)  # (P, C)
 
 
-def _read_back(probabilities: Tensor, encoded: list[_Encoded], order: list[int], sentences: Sentences) -> Predictions:
-    """The probabilities and every sentence's transitions to the host in one copy each, given to each pair."""
+def _read_back(
+    logits: Tensor, temperature: float, encoded: list[_Encoded], order: list[int], sentences: Sentences
+) -> Predictions:
+    """The logits and every sentence's transitions to the host in one copy each, given to each pair; the
+    probabilities are the logits' softmax at `temperature`, the labels their argmax."""
     width = max(batch.transitions.shape[1] for batch in encoded)
     ran = torch.cat([_padded(batch.transitions, width) for batch in encoded]).tolist()  # (S, T) encoding order
     steps: list[Steps] = [()] * len(sentences.words)
     for row, index in enumerate(order):
         steps[index] = _own_steps(ran[row], len(sentences.words[index]))
-    probabilities = probabilities.cpu()  # (P, C)
+    logits = logits.cpu()  # (P, C)
+    probabilities = torch.softmax(logits / temperature, dim=1)  # (P, C)
     real, agreeing = _agreement(encoded, sentences.uses()[order])
     return Predictions(
+        logits.numpy(),
         probabilities.numpy(),
-        probabilities.argmax(1).numpy(),
+        logits.argmax(1).numpy(),  # of the logits: a softmax that rounds two top classes equal picks no other
         [steps[i] for i in sentences.premise.tolist()],
         [steps[i] for i in sentences.hypothesis.tolist()],
         int(real),
         int(agreeing),
+        float(temperature),
     )
 
 

@@ -88,6 +88,7 @@ def label_pairs(
             labeller.source,
             step=labeller.step,
             on_batch=on_batch,
+            temperature=labeller.loaded.saved.softmax_temperature,
         )
     seconds = time.perf_counter() - start
     check_probabilities(found.probabilities, rows if rows is not None else range(len(pairs)), labeller.model_name)

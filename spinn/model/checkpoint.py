@@ -10,6 +10,7 @@ need nothing else. Only such plain data is saved, so every load uses
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -50,6 +51,9 @@ class Checkpoint:
     rng_ranks: list[dict[str, Any]] | None = None  # every rank's random states
     data: dict[str, str] | None = None  # the data's digests, as logged to MLflow
     metrics: dict[str, Any] | None = None  # dev scores of the step saved, when it was evaluated
+    temperature: float | None = None
+    """What the classifier's logits are divided by before the softmax, fitted on dev after training
+    (spinn.training.calibration); None (checkpoints from before calibration): 1.0, the raw softmax."""
 
     def to_dict(self) -> dict[str, Any]:
         """The file's contents: the format header, then every field (only plain data: weights_only loads it)."""
@@ -66,12 +70,18 @@ class Checkpoint:
         missing = [name for name in REQUIRED_FIELDS if name not in contents]
         if missing:
             raise SpinnError(f"{source}: checkpoint lacks {', '.join(missing)}")
+        _check_temperature(contents.get("temperature"), source)
         return cls(**{field.name: contents[field.name] for field in fields(cls) if field.name in contents})
 
     @property
     def run_id(self) -> str | None:
         """The MLflow run that trained it, when it was tracked."""
         return (self.state or {}).get("run_id")
+
+    @property
+    def softmax_temperature(self) -> float:
+        """The temperature predict applies: the fitted one, or 1.0 for a checkpoint that has none."""
+        return 1.0 if self.temperature is None else float(self.temperature)
 
     @property
     def tokens(self) -> list[str]:
@@ -85,6 +95,14 @@ class Checkpoint:
         if self.rng is None:
             raise SpinnError("checkpoint has no random states: it cannot resume training")
         return [self.rng]
+
+
+def _check_temperature(temperature: Any, source: Path | str) -> None:
+    """None, or a positive finite number: anything else would turn every probability into nonsense."""
+    if temperature is None:
+        return
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float) or not 0 < temperature < math.inf:
+        raise SpinnError(f"{source}: checkpoint field temperature is {temperature!r}, not a positive finite number")
 
 
 def _field_values(record: Checkpoint) -> dict[str, Any]:

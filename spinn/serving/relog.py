@@ -56,7 +56,13 @@ def relog_version(uri: str) -> Relogged:
         loaded = load_checkpoint(checkpoint)
         needs_parser = not SPINNConfig.from_dict(loaded.model_config).predicts_transitions
         model_id = log_model(
-            old.run_id, checkpoint, vocabulary, config, loaded.metrics or {}, needs_parser=needs_parser
+            old.run_id,
+            checkpoint,
+            vocabulary,
+            config,
+            loaded.metrics or {},
+            needs_parser=needs_parser,
+            step=loaded.step,
         )
     tags = {**old.tags, RELOGGED_FROM_TAG: f"models:/{name}/{version}"}
     with tracking.store_lock():

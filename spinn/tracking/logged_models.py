@@ -68,9 +68,10 @@ class _PyfuncFlavor:
         return mlflow.pyfunc.save_model(**kwargs)
 
 
-def log_python_model(run_id: str, spec: PythonModelSpec, metrics: dict[str, float]) -> str:
-    """Log `spec` as an MLflow 3 logged model of `run_id` (its "Logged models"), with `metrics` linked to
-    it; returns its model id. Works with or without `run_id` active (training, or re-logging later).
+def log_python_model(run_id: str, spec: PythonModelSpec, metrics: dict[str, float], step: int) -> str:
+    """Log `spec` as an MLflow 3 logged model of `run_id` (its "Logged models"), with `metrics`, measured at
+    `step`, linked to it; returns its model id. Works with or without `run_id` active (training, or re-logging
+    later).
 
     The input example is always logged (MLflow's UI shows it); it is checked to serve only when
     `spec.validate_example`, and a failed check is MLflow's warning: the model is logged all the same.
@@ -103,8 +104,18 @@ def log_python_model(run_id: str, spec: PythonModelSpec, metrics: dict[str, floa
     if active is None or active.info.run_id != run_id:  # an active run_id got the link from log_model
         client.log_outputs(run_id, [LoggedModelOutput(model.model_id, step=0)])
     for key, value in metrics.items():
-        client.log_metric(run_id, key, float(value), step=0, model_id=model.model_id)
+        _link_metric(client, run_id, model.model_id, key, float(value), step)
     return model.model_id
+
+
+def _link_metric(client, run_id: str, model_id: str, key: str, value: float, step: int) -> None:
+    """Link a metric to the model as the run's point at `step`: the very point the run logged there (its
+    timestamp too, so MLflow keeps one point and the run's curve gets no second one), else a new one."""
+    from mlflow.utils.time import get_current_time_millis
+
+    logged = [point for point in client.get_metric_history(run_id, key) if (point.step, point.value) == (step, value)]
+    timestamp = logged[0].timestamp if logged else get_current_time_millis()
+    client.log_metric(run_id, key, value, timestamp=timestamp, step=step, model_id=model_id)
 
 
 def _signature(inputs: list[ColumnSpec], outputs: list[ColumnSpec]):

@@ -195,10 +195,12 @@ def log_model(
     parser: ParserSettings | None = None,
     *,
     needs_parser: bool,
+    step: int,
 ) -> str:
     """Log the model as an MLflow 3 logged model of `run_id`: a pyfunc whose code is the installed spinn
     package, whose files are the checkpoint (read with weights_only), vocabulary and config, and whose dev
-    scores are linked to it; returns its model id. `register_model` then registers it.
+    scores (measured at `step`, the checkpoint's) are linked to it; returns its model id. `register_model`
+    then registers it.
 
     A run that logged this checkpoint already (a retried flow, a resumed run) keeps the model it has.
 
@@ -221,7 +223,7 @@ def log_model(
         tags={CHECKPOINT_TAG: digest},
         validate_example=not needs_parser,
     )
-    return log_python_model(run_id, spec, dev_scores(dev_metrics))
+    return log_python_model(run_id, spec, dev_scores(dev_metrics), step)
 
 
 def dev_scores(metrics: dict) -> dict[str, float]:

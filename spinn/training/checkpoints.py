@@ -30,8 +30,11 @@ from spinn.training.metrics import Metrics
 from spinn.training.state import TrainState, budget_spent
 
 
-def save_run(run: TrainingRun, state: TrainState, path: Path, metrics: Metrics | None = None) -> None:
-    """Write the run as it stands to `path` (last.pt, or best.pt with the dev `metrics` that made it best)."""
+def save_run(
+    run: TrainingRun, state: TrainState, path: Path, metrics: Metrics | None = None, temperature: float | None = None
+) -> None:
+    """Write the run as it stands to `path` (last.pt, or best.pt with the dev `metrics` that made it best and
+    the softmax `temperature` fitted on them)."""
     save_checkpoint(
         path,
         Checkpoint(
@@ -46,6 +49,7 @@ def save_run(run: TrainingRun, state: TrainState, path: Path, metrics: Metrics |
             rng_ranks=run.rng_ranks or [rng_states()],
             data=run.data_hashes,
             metrics=None if metrics is None else metrics.to_json(),
+            temperature=temperature,
         ),
     )
 

@@ -1,4 +1,4 @@
-"""The evaluate stage: a trained model + a prepared split -> metrics JSON and a confusion plot.
+"""The evaluate stage: a trained model + a prepared split -> metrics JSON, a confusion plot, a reliability diagram.
 
 The model is a checkpoint file or an MLflow URI (`models:/spinn@champion`,
 `runs:/<id>/model`); either way it is read with weights_only, rebuilt from its
@@ -6,8 +6,10 @@ own config and vocabulary, and run by the one inference loop that labelling
 uses too (spinn/inference/predict.py), so the same inputs always give the
 same numbers. The split is encoded with the model's vocabulary; the metrics
 report the share of its tokens outside it, with a warning when that is most
-of them. `score_examples` is also what training calls for its
-periodic dev evaluation.
+of them. The probabilities are the model's own (its softmax temperature
+applied), and the metrics give their expected calibration error before and
+after that temperature (spinn.training.calibration). `predict_examples` is
+also what training calls for its periodic dev evaluation.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
 from spinn.model.spinn import SPINN
 from spinn.settings import Device, Settings
+from spinn.training.calibration import RELIABILITY_DIR, Calibration, reliability_files, write_reliability
 from spinn.training.metrics import Metrics, plot_confusion, score
 from spinn.training.progress import ProgressClock
 from spinn.trees.transitions import bracket_counts
@@ -46,15 +49,22 @@ EVAL_BATCH_SIZE = 256
 
 @dataclass(frozen=True)
 class Scored:
-    """Gold and predicted class indices of labelled examples, in input order, and the tree scores."""
+    """Gold and predicted class indices of labelled examples, in input order, the tree scores, and the
+    classifier's logits with the temperature the probabilities were given at."""
 
     gold: numpy.ndarray  # (N,) int64
     predicted: numpy.ndarray  # (N,) int64
     transition_accuracy: float | None
+    logits: numpy.ndarray  # (N, C) float32
+    temperature: float = 1.0
     bracket_f1: float | None = None
 
     def metrics(self) -> Metrics:
         return score(self.gold, self.predicted, self.transition_accuracy, self.bracket_f1)
+
+    def calibration(self) -> Calibration:
+        """Expected calibration error and reliability bins before (T = 1) and after the temperature."""
+        return Calibration.of(self.logits, self.gold, self.temperature)
 
 
 def predict_examples(
@@ -67,19 +77,23 @@ def predict_examples(
     step: InferStep | None = None,
     progress: bool = False,
     report_every_s: float | None = None,
+    temperature: float = 1.0,
 ) -> Scored:
     """Run `model` over labelled examples (the one inference loop, `predict`) and score every prediction.
 
     A caller that scores often (training's dev evaluation) passes its own InferStep, so its CUDA graphs
     are kept. Bracket F1 compares the trees the tracker built (greedy) with the examples' own parses.
-    `report_every_s`: also print a progress line with an ETA that often (logs, where no bar shows)."""
+    `report_every_s`: also print a progress line with an ETA that often (logs, where no bar shows).
+    `temperature`: the model's (`Checkpoint.softmax_temperature`); the labels do not depend on it."""
     bar = tqdm(total=len(examples), disable=not progress, unit="pair", desc="evaluate", dynamic_ncols=True)
     with bar:
         on_batch = _reporting(bar, ProgressClock(len(examples), report_every_s))
-        found = predict(model, examples, device, batch_size, source, step=step, on_batch=on_batch)
+        found = predict(
+            model, examples, device, batch_size, source, step=step, on_batch=on_batch, temperature=temperature
+        )
     gold = numpy.array([example.label for example in examples], dtype=numpy.int64)  # (N,)
     bracket_f1 = _bracket_f1(found, examples) if source is TransitionSource.GREEDY else None
-    return Scored(gold, found.labels, found.transition_accuracy, bracket_f1)
+    return Scored(gold, found.labels, found.transition_accuracy, found.logits, found.temperature, bracket_f1)
 
 
 def _reporting(bar: tqdm, clock: ProgressClock) -> Callable[[int], None]:
@@ -106,23 +120,6 @@ def _bracket_f1(found: Predictions, examples: Sequence[Example]) -> float | None
             if parse:  # tokens-only sentences have no tree to compare with
                 counts += bracket_counts(list(ran), list(parse))
     return float(2 * counts[0] / (counts[1] + counts[2])) if counts[1:].sum() else None
-
-
-def score_examples(
-    model: SPINN,
-    examples: Sequence[Example],
-    device: torch.device,
-    *,
-    source: TransitionSource = TransitionSource.GOLD,
-    batch_size: int = EVAL_BATCH_SIZE,
-    step: InferStep | None = None,
-    report_every_s: float | None = None,
-) -> Metrics:
-    """Accuracy and friends of `model` on labelled examples."""
-    found = predict_examples(
-        model, examples, device, source=source, batch_size=batch_size, step=step, report_every_s=report_every_s
-    )
-    return found.metrics()
 
 
 def read_examples(path: Path, vocabulary: Vocabulary) -> list[Example]:
@@ -158,16 +155,20 @@ def evaluate(
     *,
     plot: Path | None = None,
     predictions: Path | None = None,
+    reliability: Path | None = None,
     vocab: Path | None = None,
     progress: bool = False,
     report_every_s: float | None = None,
 ) -> Metrics:
-    """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV).
+    """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV, the
+    reliability diagram and its bins in the folder `reliability`, spinn.training.calibration).
 
-    Holds every file it writes (spinn.io.publishing): refused before the model loads when an output is the
-    split, its partner, the vocabulary or the checkpoint. `report_every_s`: also print a progress line with an
-    ETA that often (a flow's logs)."""
+    The probabilities are the model's own (its temperature applied); the metrics give the expected
+    calibration error before (T = 1) and after it. Holds every file it writes (spinn.io.publishing): refused
+    before the model loads when an output is the split, its partner, the vocabulary or the checkpoint.
+    `report_every_s`: also print a progress line with an ETA that often (a flow's logs)."""
     written = [Path(output), report_path(Path(output)), *(Path(path) for path in (plot, predictions) if path)]
+    written += list(reliability_files(reliability).values()) if reliability is not None else []
     read = [*with_partner(Path(data)), *([Path(vocab)] if vocab else []), Path(model_reference)]
     with publishing(written, inputs=read):
         settings = settings or EvaluateSettings()
@@ -184,9 +185,11 @@ def evaluate(
             batch_size=settings.batch_size,
             progress=progress,
             report_every_s=report_every_s,
+            temperature=loaded.saved.softmax_temperature,
         )
         tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
-        metrics = replace(found.metrics(), oov_share=unknown / tokens if tokens else None)
+        oov_share = unknown / tokens if tokens else None
+        metrics = replace(found.metrics(), oov_share=oov_share, calibration=found.calibration())
         warn_if_mostly_unknown(data, metrics.oov_share)
         provenance = {
             "model": str(model_reference),
@@ -200,9 +203,13 @@ def evaluate(
             plot_confusion(metrics, plot, title=f"{loaded.model.config.variant} on {Path(data).name}")
         if predictions is not None:
             write_predictions(found, Path(predictions))
+        diagram = []
+        if reliability is not None:
+            title = f"{loaded.model.config.variant} on {Path(data).name}"
+            diagram = write_reliability(Path(reliability), metrics.calibration, title)
         if settings.track:
             files = [Path(output), report_path(Path(output)), *([Path(plot)] if plot is not None else [])]
-            _log_to_training_run(loaded.saved, loaded.checkpoint, split_name(Path(data)), metrics, files)
+            _log_to_training_run(loaded.saved, loaded.checkpoint, split_name(Path(data)), metrics, files, diagram)
         return metrics
 
 
@@ -227,9 +234,12 @@ def split_name(data: Path) -> str:
     return Path(data).name.removesuffix(".parquet")
 
 
-def _log_to_training_run(saved: Checkpoint, checkpoint: Path, split: str, metrics: Metrics, files: list[Path]) -> None:
-    """The scores as the training run's metrics, the report and plot as its artifacts (under `<split>/`), and
-    the scores as tags of the versions registered from this checkpoint."""
+def _log_to_training_run(
+    saved: Checkpoint, checkpoint: Path, split: str, metrics: Metrics, files: list[Path], diagram: list[Path]
+) -> None:
+    """The scores as the training run's metrics, the report and plot as its artifacts (under `<split>/`, the
+    reliability diagram under `<split>/reliability/`), and the scores as tags of the versions registered
+    from this checkpoint."""
     from spinn.tracking import store as tracking
     from spinn.tracking.register import score_tags, tag_versions_of_checkpoint
 
@@ -239,6 +249,10 @@ def _log_to_training_run(saved: Checkpoint, checkpoint: Path, split: str, metric
     values = {f"{split}_accuracy": metrics.accuracy, f"{split}_macro_f1": metrics.macro_f1}
     if metrics.transition_accuracy is not None:
         values[f"{split}_transition_accuracy"] = metrics.transition_accuracy
+    if metrics.calibration is not None:
+        values.update({f"{split}_{key}": value for key, value in metrics.calibration.summary().items()})
+    if diagram:
+        tracking.log_run_artifacts(run_id, diagram, f"{split}/{RELIABILITY_DIR}")
     tracking.log_run_metrics(run_id, values, step=saved.step)
     tag_versions_of_checkpoint(
         run_id, checkpoint, score_tags(split, {"accuracy": metrics.accuracy, "macro_f1": metrics.macro_f1})

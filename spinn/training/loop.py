@@ -4,30 +4,38 @@ Plain PyTorch: RMSprop with the paper's step decay, gradient clipping and
 periodic dev evaluation with early stopping (spinn.training.step runs each
 step). Under torchrun every rank runs this loop on its share of each global
 batch; rank 0 (`topology.is_main`) alone evaluates, writes checkpoints and
-talks to MLflow, and the others meet it at the same points.
+talks to MLflow, and the others meet it at the same points. best.pt gets the
+softmax temperature that calibrates its probabilities on dev
+(spinn.training.calibration): from the evaluation that made it best, or, when
+the model labels on other trees than dev is scored on, from one run at the end.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
 from spinn.model.batch import bucket_batches
-from spinn.model.checkpoint import rng_states
+from spinn.model.checkpoint import load_checkpoint, rng_states, save_checkpoint
+from spinn.model.config import SPINNConfig, TransitionSource
+from spinn.model.loading import load_model
 from spinn.tracking import links
 from spinn.training import distributed
 from spinn.training.build import TrainingRun
+from spinn.training.calibration import fit_temperature
 from spinn.training.checkpoints import save_run
 from spinn.training.divergence import check_loss, check_weights
-from spinn.training.evaluate import score_examples
+from spinn.training.evaluate import Scored, predict_examples, transition_source
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT
 from spinn.training.loader import prefetch
 from spinn.training.progress import ProgressClock
 from spinn.training.state import TrainState, budget_spent
 
 RL_METRICS = ("rl_reward", "rl_baseline", "policy_entropy", "reduce_fraction")
+TEMPERATURE_METRIC = "temperature"
+"""Logged at the step of each model best.pt keeps: the softmax temperature fitted on its dev logits."""
 
 
 def loop(run: TrainingRun, state: TrainState, tracking, progress: bool) -> None:
@@ -44,29 +52,33 @@ def loop(run: TrainingRun, state: TrainState, tracking, progress: bool) -> None:
         unit="step",
         dynamic_ncols=True,
     )
-    window = _Window(time.perf_counter())
+    window = _Window(time.perf_counter(), logged_steps=(state.step, state.step))
     clock = ProgressClock(planned_steps(run), run.report_every_s if run.topology.is_main else None, state.step)
+    lines = _Lines(state.step, time.perf_counter(), state.eval_seconds)
     try:
-        _epochs(run, state, window, clock, tracking, bar)
+        _epochs(run, state, window, clock, lines, tracking, bar)
         if clock.every_s is not None and clock.reported != state.step:  # logs end where training stopped
-            _report(run, state, clock, window)
+            _report(run, state, clock, window, lines)
     finally:
         bar.close()
 
 
-def _epochs(run: TrainingRun, state: TrainState, window: _Window, clock: ProgressClock, tracking, bar) -> None:
+def _epochs(
+    run: TrainingRun, state: TrainState, window: _Window, clock: ProgressClock, lines: _Lines, tracking, bar
+) -> None:
     """Epochs until the budget is spent (finished) or a step says stop (max_steps, early stopping)."""
     config = run.config
     while state.epoch < config.max_epochs:
         order = bucket_batches(run.train, config.batch_size, shuffle=True, seed=config.seed + state.epoch)
         for batch in prefetch(run.train, order[state.batch_in_epoch :], run.device, run.topology):
+            lines.pairs += len(order[state.batch_in_epoch])  # the global batch, of which each rank trains a share
             run.step(batch, state.step)
             state.step += 1
             state.batch_in_epoch += 1
             bar.update()
             stop = _after_step(run, state, window, tracking, bar)
             if clock.due():
-                _report(run, state, clock, window)
+                _report(run, state, clock, window, lines)
             if stop:
                 return
         state.epoch += 1
@@ -83,13 +95,36 @@ def planned_steps(run: TrainingRun) -> int:
 @dataclass
 class _Window:
     """When the time since the last log line began (wall clock, evaluation and checkpoints excluded), and
-    what that log line said (progress lines repeat it rather than read the device again)."""
+    what that log line said and at which step (progress lines repeat it rather than read the device again)."""
 
     started: float
     metrics: dict[str, float] | None = None
+    logged_steps: tuple[int, int] = (0, 0)
+    """The first and last step the metrics cover."""
 
     def restart(self) -> None:
         self.started = time.perf_counter()
+
+
+@dataclass
+class _Lines:
+    """Where the last progress line left off, so the next one gives the speed since then: the step, the wall
+    clock, the dev evaluation seconds so far, and the pairs trained since."""
+
+    step: int
+    at: float
+    eval_seconds: float
+    pairs: int = 0
+
+    def speed(self, state: TrainState) -> str:
+        """`49 pairs/s (1.52 steps/s) since the last line`, dev evaluation left out; restarts the count."""
+        now = time.perf_counter()
+        seconds = now - self.at - (state.eval_seconds - self.eval_seconds)
+        steps, pairs = state.step - self.step, self.pairs
+        self.step, self.at, self.eval_seconds, self.pairs = state.step, now, state.eval_seconds, 0
+        if steps <= 0 or seconds <= 0:
+            return ""
+        return f"{pairs / seconds:,.0f} pairs/s ({steps / seconds:.2f} steps/s) since the last line"
 
 
 def _after_step(run: TrainingRun, state: TrainState, window: _Window, tracking, bar) -> bool:
@@ -132,40 +167,43 @@ def _log_window(run: TrainingRun, state: TrainState, window: _Window, tracking, 
     if run.model.config.samples_transitions:
         metrics.update({name: sums[name] for name in RL_METRICS})
     tracking.log_metrics(metrics, state.step)
-    window.metrics = metrics
-    bar.set_postfix(
-        loss=f"{metrics['train_loss']:.3f}",
-        acc=f"{metrics['train_accuracy']:.3f}",
-        pairs_s=f"{metrics['pairs_per_second']:.0f}",
-    )
+    window.metrics, window.logged_steps = metrics, (window.logged_steps[1] + 1, state.step)
+    # the bar's own rate is live; loss and accuracy say the steps they cover, being read once per interval
+    bar.set_postfix(loss=f"{metrics['train_loss']:.3f}", acc=f"{metrics['train_accuracy']:.3f}", at=state.step)
     state.train_seconds += seconds
     state.train_pairs += int(sums["pairs"])
     window.restart()
 
 
-def _report(run: TrainingRun, state: TrainState, clock: ProgressClock, window: _Window) -> None:
-    print(_progress_line(run, state, clock, window), flush=True)
+def _report(run: TrainingRun, state: TrainState, clock: ProgressClock, window: _Window, lines: _Lines) -> None:
+    print(_progress_line(state, clock, window, lines), flush=True)
     clock.reported = state.step
 
 
-def _progress_line(run: TrainingRun, state: TrainState, clock: ProgressClock, window: _Window) -> str:
-    """Where training stands: the step, the last logged metrics (no device read of its own) and the ETA."""
-    line = f"train step {clock.fraction(state.step)}"
+def _progress_line(state: TrainState, clock: ProgressClock, window: _Window, lines: _Lines) -> str:
+    """Where training stands, each part current or saying when it was measured: the step, the speed since
+    the last line, the last logged loss and accuracy with the steps they cover (no device read of its own),
+    the best dev accuracy and the ETA."""
+    parts = [lines.speed(state)]
     if window.metrics is not None:
+        first, last = window.logged_steps
         metrics = window.metrics
-        line += (
-            f": loss {metrics['train_loss']:.3f}, accuracy {metrics['train_accuracy']:.3f}, "
-            f"{metrics['pairs_per_second']:,.0f} pairs/s"
+        parts.append(
+            f"loss {metrics['train_loss']:.3f}, accuracy {metrics['train_accuracy']:.3f} over steps {first}-{last}"
         )
     if state.best_step:
-        line += f"; best dev accuracy {state.best_dev_accuracy:.4f} at step {state.best_step}"
-    return f"{line}; {clock.eta(state.step)}"
+        parts.append(f"best dev accuracy {state.best_dev_accuracy:.4f} at step {state.best_step}")
+    parts.append(clock.eta(state.step))
+    return f"train step {clock.fraction(state.step)}: " + "; ".join(part for part in parts if part)
 
 
 def evaluate_dev(run: TrainingRun, state: TrainState, tracking) -> int:
-    """Dev accuracy now (rank 0); keeps best.pt; returns evaluations since the best one (for early stopping)."""
+    """Dev accuracy now (rank 0); keeps best.pt, with the temperature that calibrates it when these dev logits
+    are the ones it labels with (else `calibrate_best` fits it at the end); returns evaluations since the
+    best one (for early stopping)."""
     # rl is scored on the trees it builds itself (greedy): that is how it will be used.
-    metrics = score_examples(
+    started = time.perf_counter()
+    found = predict_examples(
         run.model,
         run.dev,
         run.device,
@@ -173,6 +211,8 @@ def evaluate_dev(run: TrainingRun, state: TrainState, tracking) -> int:
         step=run.dev_infer,
         report_every_s=run.report_every_s,
     )
+    metrics = found.metrics()
+    state.eval_seconds += time.perf_counter() - started
     state.last_eval_step = state.step
     logged = {"dev_accuracy": metrics.accuracy}
     if metrics.transition_accuracy is not None:
@@ -183,7 +223,38 @@ def evaluate_dev(run: TrainingRun, state: TrainState, tracking) -> int:
     tracking.log_metrics(logged, state.step)
     if metrics.accuracy > state.best_dev_accuracy:
         state.best_dev_accuracy, state.best_step, state.evals_since_best = metrics.accuracy, state.step, 0
-        save_run(run, state, run.output_dir / BEST_CHECKPOINT, metrics)
+        temperature = None
+        if run.dev_infer.source is labelling_source(run.model.config):  # the logits at hand: dev is not run again
+            temperature = _fitted(found, state.step, tracking)
+        save_run(run, state, run.output_dir / BEST_CHECKPOINT, metrics, temperature)
     else:
         state.evals_since_best += 1
     return state.evals_since_best
+
+
+def calibrate_best(run: TrainingRun, state: TrainState, tracking) -> None:
+    """Give best.pt its temperature if it has none: its model labels on other trees than dev was scored on
+    (spinn: scored on the parses, labelling on its own trees), or it predates calibration. Fitted once, at the
+    end, on dev run the way the model labels."""
+    path = run.output_dir / BEST_CHECKPOINT
+    best = load_checkpoint(path)
+    if best.temperature is not None:
+        return
+    started = time.perf_counter()
+    loaded = load_model(path, run.device)
+    source = labelling_source(loaded.model.config)
+    found = predict_examples(loaded.model, run.dev, run.device, source=source, report_every_s=run.report_every_s)
+    save_checkpoint(path, replace(best, temperature=_fitted(found, best.step, tracking)))
+    state.eval_seconds += time.perf_counter() - started
+
+
+def labelling_source(config: SPINNConfig) -> TransitionSource:
+    """The trees a model labels with by default (`spinn label`, `spinn evaluate`): its probabilities there are
+    the ones to calibrate."""
+    return transition_source("auto", config)
+
+
+def _fitted(found: Scored, step: int, tracking) -> float:
+    temperature = fit_temperature(found.logits, found.gold)
+    tracking.log_metrics({TEMPERATURE_METRIC: temperature}, step)
+    return temperature

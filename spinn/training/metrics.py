@@ -16,6 +16,7 @@ import numpy as np
 from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
 from spinn.model.checkpoint import DEV_SHARES_KEY
+from spinn.training.calibration import Calibration
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,9 @@ class Metrics:
     """Unlabelled bracket F1 of the model's own trees against the data's (when it built its own)."""
     oov_share: float | None = None
     """The share of the data's tokens outside the model's vocabulary (set by `spinn evaluate`)."""
+    calibration: Calibration | None = None
+    """How well the probabilities match the accuracy, before and after the model's temperature (set by
+    `spinn evaluate`)."""
 
     @property
     def examples(self) -> int:
@@ -92,6 +96,8 @@ class Metrics:
             result["bracket_f1"] = self.bracket_f1
         if self.oov_share is not None:
             result["oov_share"] = self.oov_share
+        if self.calibration is not None:
+            result.update(self.calibration.summary())
         return result
 
     def to_json(self) -> dict:
@@ -101,6 +107,8 @@ class Metrics:
         result["per_class"] = {name: vars(score) for name, score in self.per_class().items()}
         result[DEV_SHARES_KEY] = self.predicted_shares
         result["confusion_matrix"] = {"labels": list(self.classes), "counts": [list(row) for row in self.confusion]}
+        if self.calibration is not None:
+            result["calibration"] = self.calibration.to_json()
         return result
 
 

@@ -8,12 +8,24 @@ The ETA extrapolates the rate of the work done since this process started.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from typing import TextIO
 
 REPORT_EVERY_S = 30.0
-"""How often a flow's training and evaluation print a progress line."""
+"""How often a flow's training and evaluation print a progress line, and a command's where no terminal shows."""
+
+
+def report_interval(report_every_s: float | None, stream: TextIO | None = None) -> float | None:
+    """Seconds between progress lines: as asked; else REPORT_EVERY_S when `stream` (stderr) is no terminal
+    (DVC's log, CI, a pipe), where a bar redrawn with carriage returns is one unreadable line; else None,
+    a bar."""
+    if report_every_s is not None:
+        return report_every_s
+    stream = stream or sys.stderr
+    return None if stream.isatty() else REPORT_EVERY_S
 
 
 class ProgressClock:

@@ -23,7 +23,7 @@ from spinn.training.build import TrainingRun
 from spinn.training.checkpoints import save_run
 from spinn.training.config import TrainConfig
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT, REPORT_NAME
-from spinn.training.loop import evaluate_dev
+from spinn.training.loop import calibrate_best, evaluate_dev
 from spinn.training.metrics import Metrics, plot_confusion
 from spinn.training.state import TrainResult, TrainState
 
@@ -54,11 +54,27 @@ def data_name(path: Path) -> str:
 
 
 def default_run_name(config: TrainConfig, train_path: Path) -> str:
-    """`pi snli_1.0_train 2026-11-23 16:20:05 3f2a`: the variant, the data, the start time and four hex
-    digits from the OS (never the seeded generator, which made every MLflow name the same), so runs
-    differ in MLflow's table and compare view, even two started in the same second."""
-    started = time.strftime("%Y-%m-%d %H:%M:%S")
-    return f"{config.model.variant} {data_name(train_path)} {started} {secrets.token_hex(2)}"
+    """`spinn-300d snli_1.0_train 2026-11-23T16:20 3f2a`: the variant and its size, the data (`smoke train`
+    for the synthetic smoke corpus), the start time and four hex digits from the OS (never the seeded
+    generator, which made every MLflow name the same), so runs differ in MLflow's table and compare view,
+    even two started in the same minute."""
+    started = time.strftime("%Y-%m-%dT%H:%M")
+    model = f"{config.model.variant}-{config.model.d_hidden}d"
+    return f"{model} {_data_label(Path(train_path))} {started} {secrets.token_hex(2)}"
+
+
+def _data_label(path: Path) -> str:
+    """`smoke <split>` for a split of the smoke corpus, which is laid out as SNLI (its file names say
+    snli_1.0_train) and only its pair ids tell; else `data_name`."""
+    import pyarrow.parquet as pq
+
+    from spinn.data.smoke import SMOKE_ID_PREFIX
+
+    try:
+        first = pq.ParquetFile(path).read_row_group(0, columns=["pair_id"]).column(0)[0].as_py()
+    except (OSError, ValueError, KeyError, IndexError):  # not a prepared split, or an empty one
+        first = ""
+    return f"smoke {path.stem}" if str(first).startswith(SMOKE_ID_PREFIX) else data_name(path)
 
 
 def log_run_start(run: TrainingRun, tracking) -> None:
@@ -89,6 +105,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
     """Make sure the best model is evaluated, then log artifacts and register it (once per best model)."""
     if state.last_eval_step != state.step:
         evaluate_dev(run, state, tracking)
+    calibrate_best(run, state, tracking)
     best = load_checkpoint(run.output_dir / BEST_CHECKPOINT)
     pairs_per_second = state.train_pairs / state.train_seconds if state.train_seconds else 0.0
     tracking.log_metrics({SELECTION_METRIC: state.best_dev_accuracy}, state.step)  # what registration compares
@@ -98,6 +115,8 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
             "steps": str(state.step),
             "mean_pairs_per_second": f"{pairs_per_second:.1f}",
             "train_seconds": f"{state.train_seconds:.1f}",
+            "eval_seconds": f"{state.eval_seconds:.1f}",
+            "temperature": f"{best.softmax_temperature:.4f}",
         }
     )
     report = {
@@ -105,8 +124,10 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
         "steps": state.step,
         "best_step": state.best_step,
         "best_dev_accuracy": state.best_dev_accuracy,
+        "temperature": best.softmax_temperature,
         "dev": best.metrics,
         "train_seconds": state.train_seconds,
+        "eval_seconds": state.eval_seconds,
         "pairs_per_second": pairs_per_second,
         "config": run.config.to_dict(),
         "data": run.data_hashes,
@@ -130,6 +151,8 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
         state.train_seconds,
         pairs_per_second,
         best.metrics or {},
+        best.softmax_temperature,
+        state.eval_seconds,
     )
 
 
@@ -147,7 +170,8 @@ def _publish(run: TrainingRun, state: TrainState, report: dict, tracking, regist
         run.vocabulary.save(folder / VOCAB_FILENAME)
         (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
         files = (checkpoint, folder / VOCAB_FILENAME, folder / "config.json")
-        log_model(state.run_id, *files, report["dev"], needs_parser=not config.model.predicts_transitions)
+        needs_parser = not config.model.predicts_transitions
+        log_model(state.run_id, *files, report["dev"], needs_parser=needs_parser, step=state.best_step)
         tracking.log_run_artifacts(state.run_id, _dev_report(report, folder), DEV_ARTIFACT_DIR)
         with atomic_path(run.output_dir / REPORT_NAME) as temporary:
             temporary.write_text(json.dumps(report, indent=2), encoding="utf-8")
@@ -190,6 +214,7 @@ def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, P
         "best_dev_accuracy": result.best_dev_accuracy,
         "best_step": result.best_step,
         "steps": result.steps,
+        "temperature": result.temperature,
     }
     paths = metrics_files(metrics_dir)
     with publishing(paths):

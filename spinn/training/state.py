@@ -24,6 +24,8 @@ class TrainState:
     early_stopped: bool = False
     run_id: str | None = None
     train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    """Wall time of dev evaluation (and the temperature's fit), apart from training's."""
     train_pairs: int = 0
     model_version: str | None = None
     registered_best_step: int = -1
@@ -44,6 +46,9 @@ class TrainResult:
     train_seconds: float
     pairs_per_second: float
     dev_metrics: dict[str, Any] = field(default_factory=dict)
+    temperature: float = 1.0
+    """best.pt's softmax temperature, fitted on dev (spinn.training.calibration)."""
+    eval_seconds: float = 0.0
 
 
 def budget_spent(config: TrainConfig, state: TrainState) -> bool:
