@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from spinn.cli import main
 from spinn.labeling.shards import parts_folder
-from tests.test_label import smoke_pairs, write_rows
+from tests.helpers import smoke_pairs, write_rows
 
 READ_ONLY = 0o555
 CLI_TIMEOUT_S = 300

@@ -10,7 +10,6 @@ again only in the tests about the parser's own running (workers, a killed job).
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -34,6 +33,7 @@ from spinn.labeling.shards import parts_folder, rejects_file
 from spinn.parsing.settings import ParserSettings
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary
+from tests.helpers import smoke_pairs, stanza_dir, write_rows
 
 TOLERANCE = 1e-5
 KILL_SHARD_SIZE = 25
@@ -53,35 +53,6 @@ REJECT_TYPES = {
     "raw": str,
 }
 """Every record in a label run's rejects file: where the row is, which field failed, why, and the row as read."""
-
-
-def stanza_dir() -> Path:
-    folder = Path(__file__).resolve().parents[2] / "shared" / "stanza" / "stanza_resources"
-    if not folder.is_dir():
-        pytest.skip(f"the offline Stanza models {folder} are absent (../shared is not beside this checkout)")
-    return folder
-
-
-def smoke_pairs(smoke_model, count: int) -> list[dict]:
-    """The first `count` smoke test pairs as plain rows (id, premise, hypothesis, gold label)."""
-    table = pq.read_table(smoke_model.prepared / "test.parquet", columns=["pair_id", "premise", "hypothesis", "label"])
-    return [
-        {"id": row["pair_id"], "premise": row["premise"], "hypothesis": row["hypothesis"], "label": row["label"]}
-        for row in table.to_pylist()[:count]
-    ]
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    if path.suffix == ".csv":
-        with path.open("w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    elif path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    else:
-        pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
 
 
 WARM_PAIRS = 60

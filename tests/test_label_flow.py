@@ -20,7 +20,7 @@ from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import read_input_pairs
 from spinn.labeling import spread
 from spinn.labeling.track import LABELING_EXPERIMENT
-from tests.test_label import smoke_pairs, stanza_dir, write_rows
+from tests.helpers import smoke_pairs, stanza_dir, write_rows
 
 pytestmark = pytest.mark.slow
 

@@ -28,7 +28,7 @@ from spinn.labeling.track import LABELING_EXPERIMENT, OUTPUT_TAG, label_metrics
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from spinn.tracking.links import ui_page, ui_url
 from spinn.training.metrics import Metrics
-from tests.test_label import smoke_pairs
+from tests.helpers import smoke_pairs
 
 TOLERANCE = 1e-6
 BAD_LINES = ['{"id": "broken", "premise": ', json.dumps({"id": "empty", "premise": " ", "hypothesis": "A dog ."})]

@@ -311,7 +311,7 @@ def test_a_model_that_needs_parses_serves_with_stanza_as_spinn_label_does(tmp_pa
     from spinn.parsing.parser import ParserSettings
     from spinn.tracking import store as tracking
     from spinn.tracking.register import log_model
-    from tests.test_label import stanza_dir
+    from tests.helpers import stanza_dir
 
     monkeypatch.setenv("SPINN_STANZA_DIR", str(stanza_dir()))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_label import smoke_pairs, write_rows
+from tests.helpers import smoke_pairs, write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE = ROOT / "tests" / "fixtures" / "release-0.1.0"

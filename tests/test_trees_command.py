@@ -20,7 +20,7 @@ from spinn.labeling.settings import LabelSettings
 from spinn.labeling.trees import TreesSettings, induce_trees
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary
-from tests.test_label import smoke_pairs, write_rows
+from tests.helpers import smoke_pairs, write_rows
 
 PAIRS = 9
 BAD_ROW = 4
