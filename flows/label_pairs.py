@@ -1,15 +1,18 @@
 """label-pairs: label every new file in an inbox folder, once, with shards spread over a Dask cluster.
 
 Each run lists the inbox, skips files the index says are done (same name and
-same content digest), and labels the rest, `files_at_once` of them side by side
-(flows/threads.py), each as its own label-file subflow. A file is cut
-into shards (spinn.labeling.shards), the shards run as Prefect tasks on a Dask cluster
-(a local one by default, or an existing cluster by address) and are merged.
-Only the flow's own thread writes the index, as each file ends, so a killed
-run loses no finished file's entry and a rerun labels the others again (their
-finished shards reused): every file's rows end up in its output exactly once.
-A file that fails is recorded as failed, reported, and tried again on the next
-run; the files beside it go on. A labelled file's figures
+same content digest), and labels the rest, `files_at_once` of them side
+by side (flows/threads.py), each as its own label-file subflow. A file is
+labelled by `spinn label`'s own orchestration (spinn.labeling.label.label:
+the same checks, plan, resume, merge, published record and summary), which
+this flow hands a way to run the shards: each a Prefect task on a Dask
+cluster (a local one by default, or an existing cluster by address). Only
+the flow's own thread writes the index, as each file ends, so a killed run
+loses no finished file's entry and a rerun labels the others again (their
+sound shards reused, a published output answered from its record): every
+file's rows end up in its output exactly once. A file that fails (a run
+that labelled no row included) is recorded as failed, reported, and tried
+again on the next run; the files beside it go on. A labelled file's figures
 (counts, label shares, confidence, OOV share, drift) go to the Prefect run's
 table artifact and to an MLflow run per file (spinn/labeling/track.py).
 
@@ -17,7 +20,7 @@ The Dask workers are the parallelism: each worker process parses in itself
 (`spinn label`'s parser `workers` do not apply here) with the settings' torch
 threads, so `dask_workers` about the number of free cores keeps them busy
 without oversubscribing them; a file gives each worker work when it has at
-least that many shards (spinn.labeling.spread), and files side by side fill
+least that many shards (spinn.labeling.shard_plan.spread_over), and files side by side fill
 the gaps between one file's shards and the next's (its plan, merge and MLflow
 run, a last shard that leaves the others idle). A file's shards and labels do
 not depend on what runs beside it. On Prefect's default SQLite server,
@@ -30,16 +33,15 @@ PROGRESS_EVERY_S seconds.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.states import Failed, State
 from prefect_dask import DaskTaskRunner
@@ -50,9 +52,8 @@ from flows.threads import side_by_side
 from spinn.data.sentence_pairs import readable_suffixes
 from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
-from spinn.labeling.settings import LabelSettings, model_threads
-from spinn.labeling.shards import hold_output
-from spinn.labeling.spread import spread_over
+from spinn.labeling.label_settings import LabelSettings, model_threads
+from spinn.labeling.shard_plan import spread_over
 from spinn.labeling.track import label_metrics, log_label_run
 from spinn.settings import AUTO, count_or_auto, usable_cores
 
@@ -148,81 +149,33 @@ def dask_cluster(request: LabelRequest) -> Iterator[str]:
         yield cluster.scheduler_address
 
 
-# ----------------------------------------------------------------------------- tasks (run on Dask workers)
-
-_LABELLERS: dict[tuple, Any] = {}
-"""One loaded model and parser per worker process, shared by the shards that worker labels."""
-_LABELLERS_LOCK = threading.Lock()
-"""plan-shards runs in the flow's own process, where files side by side would otherwise load the
-same model and parser twice at once."""
-
-
-def _labeller(model: str, settings) -> Any:
-    """Parsing in this worker process: a Dask worker is daemonic (no children) and is itself the parallelism."""
-    from spinn.labeling.labeller import Labeller
-
-    settings = settings.replace(parsing={"workers": 1})
-    key = (model, repr(settings))
-    with _LABELLERS_LOCK:
-        if key not in _LABELLERS:
-            _LABELLERS[key] = Labeller(model, settings)
-        return _LABELLERS[key]
-
-
-class PlannedFile(NamedTuple):
-    """A file's shard plan and what the labeller resolved: the model (an alias resolved once), the parser, and
-    the model's label shares on dev (the reference of drift)."""
-
-    plan: Any
-    model: str
-    model_name: str
-    parser: str
-    dev_shares: dict[str, float] | None
-
-
-@task(name="plan-shards", task_run_name="plan-{input_path.name}")
-def plan_task(input_path: Path, output: Path, model: str, settings) -> PlannedFile:
-    """Cut the file into shards; the parser is the labeller's (`auto` becomes `model` or `stanza` there)."""
-    from spinn.labeling.drift import dev_label_shares
-    from spinn.labeling.shards import plan_shards
-
-    labeller = _labeller(model, settings)
-    plan = plan_shards(input_path, output, settings, labeller.fingerprint())
-    shares = dev_label_shares(labeller.loaded.saved)
-    return PlannedFile(plan, labeller.reference, labeller.model_name, labeller.parser_name, shares)
+# ----------------------------------------------------------------------------- the shards, on Dask workers
 
 
 @task(name="label-shard", task_run_name="label-shard-{index}")
-def shard_task(plan, index: int, model: str, settings):
-    """One shard; its parse and model progress, with pairs/s, in the task's log every PROGRESS_EVERY_S seconds."""
-    from prefect import get_run_logger
+def shard_task(job, index: int):
+    """One shard, with the worker's own labeller (spinn.labeling.shard_job); its parse and model progress,
+    with pairs/s, in the task's log every PROGRESS_EVERY_S seconds."""
+    from spinn.labeling.label_progress import LabelProgress
+    from spinn.labeling.shard_plan import shard_rows
 
-    from spinn.errors import SpinnError
-    from spinn.labeling.progress import LabelProgress
-    from spinn.labeling.shard import label_shard
-    from spinn.labeling.shards import shard_rows
-
-    labeller = _labeller(model, settings)
-    if labeller.checkpoint_sha256 != plan.fingerprint["checkpoint_sha256"]:
-        raise SpinnError(f"{model}: this worker loaded another checkpoint than the plan's")
     logger = get_run_logger()
     progress = LabelProgress(
-        len(shard_rows(plan, index)),
+        len(shard_rows(job.plan, index)),
         bars=False,
         log=lambda line: logger.info(f"shard {index}: {line}"),
         every_s=PROGRESS_EVERY_S,
     )
     try:
-        return label_shard(plan, index, labeller, progress=progress)
+        return job(index, progress)
     finally:
         progress.close()
 
 
-@task(name="merge-shards", task_run_name="merge-{plan.shards}-shards")
-def merge_task(plan, results: list, model_name: str, parser: str):
-    from spinn.labeling.shards import merge_shards
-
-    return merge_shards(plan, results, model_name, parser)
+def on_dask(job, indices: list[int]) -> list:
+    """label()'s shard runner for this flow: every shard a task on the subflow's Dask cluster, at once."""
+    futures = [shard_task.submit(job, index) for index in indices]
+    return [future.result() for future in futures]
 
 
 # ----------------------------------------------------------------------------- flows
@@ -230,23 +183,22 @@ def merge_task(plan, results: list, model_name: str, parser: str):
 
 @flow(name="label-file")
 def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
-    """One file: plan, then every shard as a task on the Dask cluster, then merge, then its MLflow run; the
-    output is this run's alone meanwhile (`hold_output`: a `spinn label` on it is refused, and this run is if
-    one holds it)."""
-    started = time.perf_counter()
+    """One file through `spinn label`'s own orchestration (every check, the plan, the merge, the published
+    record, the summary), its shards as tasks on the Dask cluster; then its MLflow run. An output of another
+    version of the file is replaced: the inbox's outputs are its files' own."""
+    from spinn.labeling.label import label
+
     settings = spread_over(request.worker_settings(), input_path, request.dask_workers)
-    output = request.outbox / output_name(input_path)
-    with hold_output(output):
-        planned = plan_task(input_path, output, request.model, settings)
-        plan = planned.plan
-        futures = [shard_task.submit(plan, index, planned.model, settings) for index in range(plan.shards)]
-        results = [future.result() for future in futures]
-        summary = merge_task(plan, results, planned.model_name, planned.parser)
-    summary.dev_shares, summary.seconds = planned.dev_shares, time.perf_counter() - started
-    if settings.threads != AUTO:
-        summary.model_threads = settings.threads
+    summary = label(
+        input_path, request.model, request.outbox / output_name(input_path), settings, run_shards=on_dask, replace=True
+    )
+    for what in summary.repaired:
+        get_run_logger().warning(f"repaired: {what}")
+    if file_digest(input_path, "sha256") != summary.input_sha256:
+        raise SpinnError(f"{input_path}: changed while it was labelled; it is labelled again on the next run")
     tracked = log_label_run(summary, settings) if request.track else None
     return {
+        "sha256": summary.input_sha256,
         "output": str(summary.output),
         "rejects": str(summary.rejects),
         "rows": summary.rows,
@@ -255,6 +207,8 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
         "reasons": summary.reasons,
         "shards": summary.shards,
         "shards_reused": summary.shards_reused,
+        "repaired": list(summary.repaired),
+        "published_before": summary.published_before,
         "model": summary.model,
         "parser": summary.parser,
         "metrics": label_metrics(summary),

@@ -42,3 +42,59 @@ def write_rows(path: Path, rows: list[dict]) -> Path:
     else:
         pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+def stop_before_the_merge(monkeypatch) -> None:
+    """The next label runs stop once every shard is labelled, before their merge publishes anything: the parts
+    folder keeps the plan and every shard, as a run killed at that moment leaves it."""
+    import spinn.labeling.label as label_module
+    from spinn.errors import SpinnError
+
+    def stopped(*args, **kwargs):
+        raise SpinnError("stopped before the merge")
+
+    monkeypatch.setattr(label_module, "merge_shards", stopped)
+
+
+def damage_shard(parts: Path, damage: str, index: int) -> str:
+    """Damage shard `index`'s files in a label run's parts folder as DAMAGES names; returns the name of the
+    file a resume must name as damaged."""
+    labels, rejects = parts / f"labels-{index:05d}.parquet", parts / f"labels-{index:05d}.rejects.jsonl"
+    pairs, input_rejects = parts / f"input-{index:05d}.parquet", parts / f"input-{index:05d}.rejects.jsonl"
+    if damage == "labels truncated":
+        labels.write_bytes(labels.read_bytes()[: labels.stat().st_size // 2])
+    elif damage == "a row twice":
+        table = pq.read_table(labels)
+        pq.write_table(pa.concat_tables([table, table.slice(0, 2)]), labels)
+    elif damage == "a row missing":
+        pq.write_table(pq.read_table(labels).slice(1), labels)
+    elif damage == "label rejects not JSON":
+        rejects.write_text("{\n", encoding="utf-8")
+    elif damage == "input deleted":
+        pairs.unlink()
+        return pairs.name
+    elif damage == "input truncated":
+        pairs.write_bytes(pairs.read_bytes()[:100])
+        return pairs.name
+    elif damage == "input rejects not JSON":
+        input_rejects.write_text("not json\n", encoding="utf-8")
+        return pairs.name
+    elif damage == "plan not JSON":
+        (parts / "plan.json").write_text("{", encoding="utf-8")
+        return "plan.json"
+    else:
+        raise ValueError(damage)
+    return labels.name
+
+
+DAMAGES = (
+    "labels truncated",
+    "a row twice",
+    "a row missing",
+    "label rejects not JSON",
+    "input deleted",
+    "input truncated",
+    "input rejects not JSON",
+    "plan not JSON",
+)
+"""What a kill, a full disk or a person leaves in a parts folder, which a resume must repair."""

@@ -18,7 +18,7 @@ import pytest
 from flows.label_pairs import DONE, FAILED, LabelRequest, read_index, write_index
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import read_input_pairs
-from spinn.labeling import spread
+from spinn.labeling import shard_plan
 from spinn.labeling.track import LABELING_EXPERIMENT
 from tests.helpers import smoke_pairs, stanza_dir, write_rows
 
@@ -218,13 +218,16 @@ def test_inbox_files_are_labelled_side_by_side_as_they_are_one_at_a_time(
     good = ("first.csv", "second.jsonl")
     meeting = threading.Barrier(len(good), timeout=MEETING_S)
 
-    def read_once_both_began(path, *args):
-        """The first step of labelling a file: counting its rows to spread them. Patched in spinn.labeling.spread,
-        not in the flow's module: Dask pickles label_file's function by value with that module's globals, and
-        a barrier cannot be pickled."""
-        if path.name in good:
+    began = set()
+
+    def read_once_both_began(path, *args, **kwargs):
+        """The first step of labelling a file is counting its rows to spread them (the plan reads it again).
+        Patched in spinn.labeling.shard_plan, not in the flow's module: Dask pickles label_file's function by
+        value with that module's globals, and a barrier cannot be pickled."""
+        if path.name in good and path.name not in began:
+            began.add(path.name)
             meeting.wait()
-        return read_input_pairs(path, *args)
+        return read_input_pairs(path, *args, **kwargs)
 
     def run(outbox: str, files_at_once: int):
         request = request_for(
@@ -243,7 +246,7 @@ def test_inbox_files_are_labelled_side_by_side_as_they_are_one_at_a_time(
         write_index(outbox, index)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(spread, "read_input_pairs", read_once_both_began)
+        patch.setattr(shard_plan, "read_input_pairs", read_once_both_began)
         patch.setattr(label_flow, "write_index", write_index_noting_the_thread)
         side_by_side, labels = run("together", files_at_once=3)
     assert index_writers == [threading.current_thread()] * 3  # the flow's own thread, once as each file ends

@@ -21,9 +21,8 @@ from flows.artifacts import labelled_file_rows
 from spinn.cli import main
 from spinn.data.schema import LABELS
 from spinn.io import file_digest
-from spinn.labeling.drift import NO_REFERENCE, dev_label_shares, total_variation
-from spinn.labeling.settings import PROBABILITY_COLUMNS, LabelSettings
-from spinn.labeling.summary import LabelSummary, PredictionCounts
+from spinn.labeling.label_settings import PROBABILITY_COLUMNS, LabelSettings
+from spinn.labeling.summary import NO_REFERENCE, LabelSummary, PredictionCounts, dev_label_shares, total_variation
 from spinn.labeling.track import LABELING_EXPERIMENT, OUTPUT_TAG, label_metrics
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from spinn.tracking.links import ui_page, ui_url
@@ -220,8 +219,7 @@ def test_a_version_that_is_a_logged_model_is_an_input_of_the_label_run(smoke_mod
     experiment = client(store).get_run(training).info.experiment_id
     logged = client(store).create_logged_model(experiment, name="spinn", source_run_id=training)
     version = mlflow.register_model(f"models:/{logged.model_id}", "label-test")
-    summary = summary_of(["neutral"] * 4, [0.8] * 4, None)
-    summary.model = f"models:/label-test/{version.version}"
+    summary = replace(summary_of(["neutral"] * 4, [0.8] * 4, None), model=f"models:/label-test/{version.version}")
     before = time.time()
 
     tracked = log_label_run(summary, LabelSettings())

@@ -17,7 +17,7 @@ from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, max_char
 from spinn.data.prepare import PrepareSettings, prepare
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
-from spinn.labeling.trees import PAIRS_OUTPUT_SUFFIX
+from spinn.labeling.induced_trees import PAIRS_OUTPUT_SUFFIX
 from tests.test_errors import snli_line
 
 SHORT = ("A dog runs.", "An animal moves.")

@@ -328,7 +328,7 @@ def test_a_label_run_with_gold_reports_accuracy_and_confusion(smoke_model, tmp_p
     import pyarrow.parquet as pq
 
     from spinn.labeling.label import label
-    from spinn.labeling.settings import LabelSettings
+    from spinn.labeling.label_settings import LabelSettings
 
     table = pq.read_table(smoke_model.prepared / "test.parquet", columns=["premise", "hypothesis", "label"])
     rows = [[row["premise"], row["hypothesis"], row["label"].upper()] for row in table.to_pylist()[:30]]
@@ -390,7 +390,7 @@ def test_a_verified_archive_in_place_is_used_without_the_network(tmp_path: Path)
     ("rows", "workers", "shard_size", "expected"), [(30, 2, 10_000, 15), (31, 2, 10_000, 16), (100, 4, 10, 10)]
 )
 def test_a_file_gives_every_worker_a_shard(rows: int, workers: int, shard_size: int, expected: int) -> None:
-    from spinn.labeling.spread import spread_shard_size
+    from spinn.labeling.shard_plan import spread_shard_size
 
     size = spread_shard_size(rows, workers, shard_size)
     assert size == expected and -(-rows // size) >= min(workers, rows)
@@ -398,14 +398,13 @@ def test_a_file_gives_every_worker_a_shard(rows: int, workers: int, shard_size: 
 
 def test_a_small_inbox_file_is_cut_into_a_shard_per_worker(tmp_path: Path) -> None:
     """A 30-row file was one shard at the default shard_size, so one of two Dask workers sat idle."""
-    from spinn.labeling.settings import LabelSettings
-    from spinn.labeling.shards import plan_shards
-    from spinn.labeling.spread import spread_over
+    from spinn.labeling.label_settings import LabelSettings
+    from spinn.labeling.shard_plan import plan_shards, run_fingerprint, spread_over
 
     rows = [[str(index), f"A man sits number {index}.", "A man sits."] for index in range(30)]
     path = _write_csv(tmp_path / "pairs.csv", ["id", "premise", "hypothesis"], rows)
     settings = spread_over(LabelSettings(parser="model", device="cpu"), path, workers=2)
-    plan = plan_shards(path, tmp_path / "out.parquet", settings, {"model": "m"})
+    plan, _ = plan_shards(path, tmp_path / "out.parquet", settings, run_fingerprint(path, settings, {"model": "m"}))
     assert (plan.shards, plan.rows) == (2, 30)
 
 

@@ -15,9 +15,9 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
+from spinn.labeling.induced_trees import TreesSettings, induce_trees
 from spinn.labeling.label import label
-from spinn.labeling.settings import LabelSettings
-from spinn.labeling.trees import TreesSettings, induce_trees
+from spinn.labeling.label_settings import LabelSettings
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary
 from tests.helpers import smoke_pairs, write_rows

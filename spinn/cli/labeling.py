@@ -9,8 +9,8 @@ from typing import Any, get_args
 import click
 
 from spinn.cli.common import PATH, input_file, output_file, output_folder, output_with_suffix
-from spinn.labeling.settings import LabelSettings
-from spinn.labeling.trees import TreesSettings
+from spinn.labeling.induced_trees import TreesSettings
+from spinn.labeling.label_settings import LabelSettings
 from spinn.options import field_options, given, renamed_option, resolve
 from spinn.parsing.parse import ParseSettings
 from spinn.settings import Device
@@ -97,6 +97,9 @@ def label(
         from spinn.tracking.store import tracking_uri
 
         tracked = log_label_run(summary, settings)
+        if tracked is None:
+            click.echo(f"no MLflow run logged: this run did nothing ({output} is already this command's output)")
+            return
         click.echo(f"MLflow run {tracked.run_id} (experiment {LABELING_EXPERIMENT}) in {tracking_uri()}")
         click.echo(f"  {ui_hint(tracked.experiment_id, tracked.run_id)}")
 
@@ -127,7 +130,7 @@ def trees(
 
     INPUT: a .txt file with one sentence per line, or a sentence-pair file (CSV, TSV, JSONL, Parquet) whose rows
     keep their pair ids as `spinn label` gives them."""
-    from spinn.labeling.trees import induce_trees
+    from spinn.labeling.induced_trees import induce_trees
 
     source = input_path or old_input
     if source is None:

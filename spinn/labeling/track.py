@@ -16,9 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spinn.labeling.drift import NO_REFERENCE
-from spinn.labeling.settings import LabelSettings
-from spinn.labeling.summary import LabelSummary
+from spinn.labeling.label_settings import LabelSettings
+from spinn.labeling.summary import NO_REFERENCE, LabelSummary
 
 LABELING_EXPERIMENT = "spinn-labeling"
 DATASET_CONTEXT = "labelling"
@@ -58,11 +57,16 @@ def label_metrics(summary: LabelSummary) -> dict[str, float]:
     return {name: float(value) for name, value in figures.items() if value is not None}
 
 
-def log_label_run(summary: LabelSummary, settings: LabelSettings) -> TrackedRun:
+def log_label_run(summary: LabelSummary, settings: LabelSettings) -> TrackedRun | None:
     """One run in the `spinn-labeling` experiment with the run's params, figures and its model's links, named
-    by its input and model (`label pairs.csv with spinn/3`)."""
+    by its input and model (`label pairs.csv with spinn/3`); None, and nothing logged, for a rerun that did
+    nothing (its output already published: the run that labelled it was logged then, and a second would
+    show a throughput for work not done beside it)."""
     from spinn.tracking import links
     from spinn.tracking import store as tracking
+
+    if summary.published_before:
+        return None
 
     version = links.model_version_facts(summary.model)
     name = summary.input.name if summary.input else "pairs"
@@ -92,14 +96,14 @@ def _params(summary: LabelSummary, settings: LabelSettings, version: dict[str, s
     params = {
         "model": summary.model,
         "parser": summary.parser,
-        "parser_workers": summary.parser_workers,
-        "model_threads": summary.model_threads,
         "input": summary.input.name if summary.input else "",
         "input_path": str(summary.input.absolute()) if summary.input else "",
         "input_sha256": summary.input_sha256,
         "output": str(Path(summary.output).absolute()),
         **{f"settings.{key}": value for key, value in _flat(settings.to_dict())},
     }
+    ran = {"parser_workers": summary.parser_workers, "model_threads": summary.model_threads}
+    params.update({name: value for name, value in ran.items() if value is not None})  # None: no shard ran
     params.update({_model_key(key): value for key, value in (version or {}).items() if key != "experiment_id"})
     return params
 

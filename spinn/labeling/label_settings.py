@@ -1,7 +1,7 @@
 """What a label run is told, and what it writes: LabelSettings and the shard and output Parquet schemas.
 
 Everything here that changes the output is part of a run's plan fingerprint
-(spinn/labeling/shards.py), so a rerun with other settings never mixes
+(spinn/labeling/shard_plan.py), so a rerun with other settings never mixes
 results into a half-finished output.
 """
 
