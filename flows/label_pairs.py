@@ -1,7 +1,8 @@
 """label-pairs: label every new file in an inbox folder, once, with shards spread over a Dask cluster.
 
 Each run lists the inbox, skips files the index says are done (same name and
-same content digest), and labels the rest, `files_at_once` of them side
+same content digest), dot-files and files still being written (modified
+within `settle_seconds`), and labels the rest, `files_at_once` of them side
 by side (flows/threads.py), each as its own label-file subflow. A file is
 labelled by `spinn label`'s own orchestration (spinn.labeling.label.label:
 the same checks, plan, resume, merge, published record and summary), which
@@ -66,6 +67,9 @@ DONE, FAILED = "done", "failed"
 LOOPBACK = "127.0.0.1"
 LABELLING_RUN_KEY = "spinn-labeling-run"
 PROGRESS_EVERY_S = 30.0
+DEFAULT_SETTLE_S = 5.0
+"""How long an inbox file must go unmodified before a run takes it (a run waits that long at most, once): a
+file an uploader was still writing was labelled with the rows it had so far."""
 
 
 LabelOverrides = LabelSettings.overrides()
@@ -99,6 +103,14 @@ class LabelRequest(BaseModel):
         ),
     )
     track: bool = Field(True, description="Log each labelled file to an MLflow run (experiment spinn-labeling).")
+    settle_seconds: float = Field(
+        DEFAULT_SETTLE_S,
+        ge=0,
+        description=(
+            "An inbox file that changes within this many seconds of its last change is still being written: "
+            "it waits for a later run."
+        ),
+    )
 
     @model_validator(mode="after")
     def _settings_resolve(self) -> LabelRequest:
@@ -224,7 +236,7 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
     request = request or LabelRequest()
     request.outbox.mkdir(parents=True, exist_ok=True)
     index = read_index(request.outbox)
-    pending = pending_files(request.inbox, index)
+    pending = pending_files(request.inbox, index, request.settle_seconds)
     entries = _label_pending(pending, request, index) if pending else {}
     described = f"{len(entries)} inbox files labelled or retried"
     create_table_artifact(labelled_file_rows(entries), key=LABELLING_RUN_KEY, description=described)
@@ -268,12 +280,41 @@ def _label_subflow(path: Path, request: LabelRequest, address: str) -> dict[str,
     return label_file.with_options(task_runner=runner, flow_run_name=f"label-{path.name}")(path, request)
 
 
-def pending_files(inbox: Path, index: dict[str, dict]) -> list[Path]:
-    """Input files not yet done with this content (new, changed, or failed last time), by name."""
+def pending_files(inbox: Path, index: dict[str, dict], settle_seconds: float = 0.0) -> list[Path]:
+    """Input files not yet done with this content (new, changed, or failed last time), by name. Dot-files
+    (editors' and uploaders' temporaries) are never taken, nor files still being written (`settled`)."""
     if not inbox.is_dir():
         return []
-    files = sorted(path for path in inbox.iterdir() if path.is_file() and _input_suffix(path) is not None)
-    return [path for path in files if not _done(index.get(path.name), path)]
+    files = sorted(
+        path
+        for path in inbox.iterdir()
+        if path.is_file() and not path.name.startswith(".") and _input_suffix(path) is not None
+    )
+    return settled([path for path in files if not _done(index.get(path.name), path)], settle_seconds)
+
+
+def settled(files: list[Path], settle_seconds: float) -> list[Path]:
+    """The files nobody is writing: a file modified less than `settle_seconds` ago is watched until it is
+    that old (one wait for all, at most `settle_seconds`); one that changed meanwhile is still being
+    written and waits for a later run (named in the log)."""
+    first = {path: _looks(path) for path in files}
+    youngest = min((time.time() - look[1] for look in first.values() if look), default=settle_seconds)
+    if youngest < settle_seconds:
+        time.sleep(settle_seconds - max(youngest, 0.0))
+    second = {path: _looks(path) for path in files}
+    for path in files:
+        if second[path] is not None and second[path] != first[path]:
+            print(f"{path.name}: still being written (changed within {settle_seconds:g} s); it waits for a later run")
+    return [path for path in files if second[path] is not None and second[path] == first[path]]
+
+
+def _looks(path: Path) -> tuple[int, float] | None:
+    """Size and modification time; None for a file gone since the inbox was listed."""
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return status.st_size, status.st_mtime
 
 
 def _done(entry: dict | None, path: Path) -> bool:
@@ -281,8 +322,22 @@ def _done(entry: dict | None, path: Path) -> bool:
 
 
 def read_index(outbox: Path) -> dict[str, dict]:
+    """The index of what earlier runs did, by input name; a damaged one is named with its fix (without it, a
+    run labels nothing twice: each published output's record says it is done)."""
     path = outbox / INDEX_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        index = error
+    if isinstance(index, dict) and all(isinstance(entry, dict) for entry in index.values()):
+        return index
+    problem = index if isinstance(index, BaseException) else "not an object of one entry per input file"
+    raise SpinnError(
+        f"{path}: not a label-pairs index ({problem}); move it aside and rerun: the run finds every file whose "
+        "output is already published done, without labelling it again, and writes a new index"
+    )
 
 
 def write_index(outbox: Path, index: dict[str, dict]) -> None:

@@ -112,6 +112,7 @@ def through_the_flow(case: str, root: Path, smoke_model, address: str) -> Outcom
         model=str(smoke_model.checkpoint),
         settings=settings,
         dask_address=address,
+        settle_seconds=0,
     )
     runs = 2 if case == "published_rerun" else 1
     before = None
@@ -238,6 +239,7 @@ def _flow_run(root: Path, smoke_model, address: str):
         model=str(smoke_model.checkpoint),
         settings={"parser": "model", "device": "cpu", "shard_size": DAMAGED_ROWS // len(FOUR_DAMAGES)},
         dask_address=address,
+        settle_seconds=0,
         track=False,
     )
 

@@ -58,6 +58,7 @@ def request_for(smoke_model, smoke_store, tmp_path, prefect_api):
             dask_workers=dask_workers,
             files_at_once=files_at_once,
             dask_address=dask_address,
+            settle_seconds=0,
         )
 
     return make

@@ -118,3 +118,48 @@ def test_the_local_clusters_workers_split_this_machines_cores_for_the_model(tmp_
     assert [threads(dask_workers=workers) for workers in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
     assert threads(dask_workers=2, settings={"threads": 3}) == 3
     assert threads(dask_workers=2, dask_address="tcp://10.0.0.5:8786") == "auto"
+
+
+def test_the_inbox_leaves_dot_files_and_files_still_being_written_for_a_later_run(tmp_path):
+    """An uploader's temporary (a dot-file) is never taken; a file that grows while the run looks waits, and
+    is taken once it stops; a complete file written a moment ago is taken at once."""
+    import threading
+    import time
+
+    from flows.label_pairs import pending_files
+
+    header = "premise,hypothesis\n"
+    for name in (".pairs.csv.part", ".~lock.pairs.csv", "done.csv"):
+        (tmp_path / name).write_text(header + "A dog runs.,An animal moves.\n", encoding="utf-8")
+    growing = tmp_path / "growing.csv"
+    growing.write_text(header, encoding="utf-8")
+    stop = threading.Event()
+
+    def upload():
+        while not stop.wait(0.05):
+            with growing.open("a", encoding="utf-8") as handle:
+                handle.write("A dog runs.,An animal moves.\n")
+
+    writer = threading.Thread(target=upload)
+    writer.start()
+    try:
+        assert [path.name for path in pending_files(tmp_path, {}, settle_seconds=0.5)] == ["done.csv"]
+    finally:
+        stop.set()
+        writer.join()
+    time.sleep(0.01)
+    assert [path.name for path in pending_files(tmp_path, {}, settle_seconds=0.5)] == ["done.csv", "growing.csv"]
+
+
+@pytest.mark.parametrize("index", ['{"pairs.csv": {"status": ', "[]", '{"pairs.csv": "done"}'])
+def test_a_damaged_inbox_index_is_named_with_its_fix(tmp_path, index):
+    from flows.label_pairs import INDEX_NAME, label_pairs
+    from spinn.errors import SpinnError
+
+    (tmp_path / "labelled").mkdir()
+    (tmp_path / "labelled" / INDEX_NAME).write_text(index, encoding="utf-8")
+    request = LabelRequest(inbox=tmp_path / "inbox", outbox=tmp_path / "labelled")
+    with pytest.raises(
+        SpinnError, match=f"^{tmp_path / 'labelled' / INDEX_NAME}: not a label-pairs index .*move it aside"
+    ):
+        label_pairs.fn(request)
