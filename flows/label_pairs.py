@@ -67,6 +67,9 @@ DONE, FAILED = "done", "failed"
 LOOPBACK = "127.0.0.1"
 LABELLING_RUN_KEY = "spinn-labeling-run"
 PROGRESS_EVERY_S = 30.0
+FLOW_MAX_REJECTED = 0.1
+"""A scheduled file with more of its rows rejected ends its label-file run Failed, with the reasons: nobody
+reads a scheduled run's summary, so a file that is mostly refused must not pass as done."""
 DEFAULT_SETTLE_S = 5.0
 """How long an inbox file must go unmodified before a run takes it (a run waits that long at most, once): a
 file an uploader was still writing was labelled with the rows it had so far."""
@@ -118,8 +121,9 @@ class LabelRequest(BaseModel):
         return self
 
     def label_settings(self) -> LabelSettings:
+        """`spinn label`'s settings, with this flow's own default share of rejected rows (FLOW_MAX_REJECTED)."""
         try:
-            return LabelSettings.build(self.settings.model_dump(exclude_none=True))
+            return LabelSettings.build({"max_rejected": FLOW_MAX_REJECTED}, self.settings.model_dump(exclude_none=True))
         except SpinnError as error:
             raise ValueError(str(error)) from None
 
@@ -199,15 +203,26 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
     record, the summary), its shards as tasks on the Dask cluster; then its MLflow run. An output of another
     version of the file is replaced: the inbox's outputs are its files' own."""
     from spinn.labeling.label import label
+    from spinn.labeling.summary import TooManyRejected
 
     settings = spread_over(request.worker_settings(), input_path, request.dask_workers)
-    summary = label(
-        input_path, request.model, request.outbox / output_name(input_path), settings, run_shards=on_dask, replace=True
-    )
-    for what in summary.repaired:
-        get_run_logger().warning(f"repaired: {what}")
+    output = request.outbox / output_name(input_path)
+    try:
+        summary = label(input_path, request.model, output, settings, run_shards=on_dask, replace=True)
+    except TooManyRejected as error:  # labelled and published: its figures and MLflow run, then the failure
+        error.figures = _figures(error.summary, settings, request)
+        raise
     if file_digest(input_path, "sha256") != summary.input_sha256:
         raise SpinnError(f"{input_path}: changed while it was labelled; it is labelled again on the next run")
+    return _figures(summary, settings, request)
+
+
+def _figures(summary, settings: LabelSettings, request: LabelRequest) -> dict[str, Any]:
+    """A labelled file's index entry: its counts, accuracy against its gold labels, and MLflow run (logged
+    here); what the run repaired goes to the subflow's log too."""
+    for what in summary.repaired:
+        get_run_logger().warning(f"repaired: {what}")
+    found = summary.agreement
     tracked = log_label_run(summary, settings) if request.track else None
     return {
         "sha256": summary.input_sha256,
@@ -223,6 +238,8 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
         "published_before": summary.published_before,
         "model": summary.model,
         "parser": summary.parser,
+        "accuracy": None if found is None else found.accuracy,
+        "label_scheme": None if found is None else found.scheme.name,
         "metrics": label_metrics(summary),
         "mlflow_run": None if tracked is None else tracked.url,
     }
@@ -269,6 +286,7 @@ def _label_one(path: Path, request: LabelRequest, address: str) -> dict[str, Any
         entry["sha256"] = file_digest(path, "sha256")
         entry.update(status=DONE, **_label_subflow(path, request, address))
     except Exception as error:  # recorded in the index and the run's artifact; the file is retried next run
+        entry.update(getattr(error, "figures", {}))  # a file labelled, but with too many rows rejected
         entry.update(status=FAILED, error=f"{type(error).__name__}: {one_line(error)}")
     entry["seconds"] = round(time.perf_counter() - start, 3)
     return entry

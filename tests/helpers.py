@@ -98,3 +98,31 @@ DAMAGES = (
     "plan not JSON",
 )
 """What a kill, a full disk or a person leaves in a parts folder, which a resume must repair."""
+
+
+def run_table(state) -> dict[str, dict]:
+    """File name -> its row in the labelling-run table artifact that this label-pairs flow run created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["spinn-labeling-run"]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]),
+            )
+        )
+    assert [artifact.type for artifact in artifacts] == ["table"]
+    return {row["file"]: row for row in json.loads(artifacts[0].data)}
+
+
+def file_runs(state) -> dict[str, object]:
+    """Each label-file subflow run of this label-pairs run, by its name (`label-<file>`), from Prefect."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    parent = FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])
+    with get_client(sync_client=True) as client:
+        return {
+            run.name: run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=parent))
+        }

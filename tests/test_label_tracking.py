@@ -93,7 +93,8 @@ def test_a_tracked_label_run_logs_its_figures_linked_to_the_model_version(smoke_
     assert params["input"] == "pairs.jsonl" and params["input_sha256"] == file_digest(source, "sha256")
     assert params["parser"] == "model" == params["settings.parser"]
     assert tags[OUTPUT_TAG] == output.as_uri()
-    assert client(store).list_artifacts(run.info.run_id) == []  # a link to the output, never a copy
+    artifacts = [artifact.path for artifact in client(store).list_artifacts(run.info.run_id)]
+    assert artifacts == ["gold_agreement.json"]  # the gold agreement; a link to the output, never a copy
     assert ui_url(run.info.experiment_id, run.info.run_id) in printed
 
     rows = pq.read_table(output).to_pylist()

@@ -312,14 +312,16 @@ def test_a_sidecar_with_an_unknown_role_is_refused(tmp_path: Path) -> None:
 
 
 def test_gold_agreement_counts_only_rows_with_gold() -> None:
-    from spinn.labeling.gold import agreement
+    from spinn.data.label_schemes import agreement
 
     found = agreement(
         [("entailment", "entailment"), ("neutral", "entailment"), (None, "neutral"), ("neutral", "neutral")]
     )
-    assert found is not None and (found.with_gold, found.correct) == (3, 2)
+    assert found is not None and (found.pairs, found.correct) == (3, 2)
     assert found.confusion["neutral"] == {"entailment": 1, "neutral": 1, "contradiction": 0}
-    assert found.report()[0] == "accuracy against the file's gold labels: 0.6667 on 3 pairs"
+    assert found.report()[0].startswith(
+        "accuracy against the file's gold labels (three-way: entailment / neutral / contradiction): 0.6667 on 3 pairs"
+    )
     assert agreement([(None, "neutral")]) is None
 
 
@@ -338,8 +340,12 @@ def test_a_label_run_with_gold_reports_accuracy_and_confusion(smoke_model, tmp_p
     predicted = pq.read_table(output, columns=["gold_label", "label"]).to_pylist()
     correct = sum(row["gold_label"] == row["label"] for row in predicted)
     report = summary.report()
-    assert f"accuracy against the file's gold labels: {correct / 30:.4f} on 30 pairs" in report
-    confusion = [line for line in report if line.startswith("  gold ")]
+    scheme = "three-way: entailment / neutral / contradiction"
+    assert any(
+        line.startswith(f"accuracy against the file's gold labels ({scheme}): {correct / 30:.4f} on 30 pairs")
+        for line in report
+    )
+    confusion = [line.split(" -> ")[1] for line in report if line.startswith("  gold ")]
     assert len(confusion) == 3
     assert sum(int(count) for line in confusion for count in re.findall(r" (\d+)", line)) == 30
 

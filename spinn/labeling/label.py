@@ -33,9 +33,11 @@ log them to MLflow (spinn/labeling/track.py).
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from spinn.errors import SpinnWarning
 from spinn.io import publishing
 from spinn.labeling.label_progress import LabelProgress
 from spinn.labeling.label_settings import LabelSettings
@@ -53,7 +55,14 @@ from spinn.labeling.shard_plan import (
     run_fingerprint,
     shard_rows,
 )
-from spinn.labeling.summary import LabelCounts, LabelSummary, ShardResult, check_some_labelled, dev_label_shares
+from spinn.labeling.summary import (
+    LabelCounts,
+    LabelSummary,
+    ShardResult,
+    check_rejected_share,
+    check_some_labelled,
+    dev_label_shares,
+)
 
 ShardRunner = Callable[[ShardJob, Sequence[int]], list[ShardResult]]
 """Maps the shard function over shard indices, returning their results in that order."""
@@ -105,9 +114,14 @@ def label(
         input_sha256=fingerprint["input_sha256"],
         dev_shares=dev_label_shares(source.saved),
         published_before=published is not None,
+        label_scheme=settings.columns.label_scheme,
+        max_tokens=settings.parsing.max_tokens,
         seconds=time.perf_counter() - started,
     )
     check_some_labelled(summary)
+    if (unscored := summary.gold_warning()) is not None:
+        warnings.warn(SpinnWarning(unscored), stacklevel=2)
+    check_rejected_share(summary, settings.max_rejected)
     return summary
 
 

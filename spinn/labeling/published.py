@@ -137,6 +137,7 @@ def _record_text(counts: LabelCounts, fingerprint: dict, names: dict[str, str], 
         **{name: getattr(counts, name) for name in _KEPT_AS_IS},
         "labels": dict(counts.predicted.labels),
         "top_probability_sum": counts.predicted.top_probability_sum,
+        "gold": [[gold, label, rows] for (gold, label), rows in sorted(counts.predicted.gold.items())],
     }
     return json.dumps(record, indent=2) + "\n"
 
@@ -164,7 +165,8 @@ def published_run(output: Path, fingerprint: dict, *, replace: bool = False) -> 
             f"{output}: holds the labels of another run (different {', '.join(different)}, see "
             f"{record_file(output)}); rerun with that run's arguments, or delete it or choose another output"
         )
-    predicted = PredictionCounts(Counter(record["labels"]), record["top_probability_sum"])
+    gold = Counter({(gold, label): rows for gold, label, rows in record.get("gold", [])})
+    predicted = PredictionCounts(Counter(record["labels"]), record["top_probability_sum"], gold)
     kept = {name: record[name] for name in _KEPT_AS_IS}
     counts = LabelCounts(
         **kept, shards_reused=record["shards"], parse_seconds=0.0, model_seconds=0.0, predicted=predicted

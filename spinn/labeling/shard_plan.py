@@ -103,7 +103,7 @@ def run_fingerprint(input_path: Path, settings: LabelSettings, model_fingerprint
         "version": PLAN_VERSION,
         "input": str(input_path.resolve()),
         "input_sha256": file_digest(input_path, "sha256"),
-        "columns": settings.columns.model_dump(),
+        "columns": settings.columns.model_dump(exclude={"label_scheme"}),  # scores the labels, changes none
         "format": settings.input_format,
         "shard_size": settings.shard_size,
         **model_fingerprint,
@@ -198,7 +198,7 @@ def _input_shard_problem(plan: ShardPlan, index: int) -> str | None:
 
 
 def _why(error: BaseException) -> str:
-    if isinstance(error, FileNotFoundError):
+    if isinstance(error, FileNotFoundError) and error.filename:
         return f"{Path(error.filename).name} is missing"
     return f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else 'no message'}"
 

@@ -24,10 +24,11 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from spinn.data.label_schemes import AUTO, Agreement, agreement, outside_words
+from spinn.data.rejects import RejectReason
 from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
-from spinn.labeling.gold import gold_report
-from spinn.labeling.label_settings import PARSER_STANZA, PROBABILITY_COLUMNS
+from spinn.labeling.label_settings import GOLD_COLUMN, PARSER_STANZA, PROBABILITY_COLUMNS
 from spinn.model.checkpoint import DEV_SHARES_KEY, Checkpoint
 
 NO_REFERENCE = (
@@ -55,14 +56,20 @@ class ShardResult:
 
 @dataclass
 class PredictionCounts:
-    """The labels given and the summed top-class probability, over the labelled rows of an output."""
+    """The labels given, the summed top-class probability, and the (gold value, label) pairs of the rows with
+    gold, over the labelled rows of an output."""
 
     labels: Counter = field(default_factory=Counter)
     top_probability_sum: float = 0.0
+    gold: Counter = field(default_factory=Counter)
 
     def add(self, table: pa.Table) -> None:
         """Count a table of output rows (a merged shard)."""
-        self.labels.update(table.column("label").to_pylist())
+        predicted = table.column("label").to_pylist()
+        self.labels.update(predicted)
+        self.gold.update(
+            (gold, label) for gold, label in zip(table.column(GOLD_COLUMN).to_pylist(), predicted, strict=True) if gold
+        )
         if table.num_rows:
             top = pc.max_element_wise(*(table.column(name) for name in PROBABILITY_COLUMNS))  # (N,)
             self.top_probability_sum += pc.sum(top.cast(pa.float64())).as_py()
@@ -124,6 +131,10 @@ class LabelSummary:
     (spinn/labeling/published.py)."""
     repaired: tuple[str, ...] = ()
     """Damaged shards of an earlier run that this run labelled again, each in words."""
+    label_scheme: str | None = None
+    """The gold labels' scheme as the settings name it (None: auto, found from the values)."""
+    max_tokens: int | None = None
+    """The sentence length limit the run applied (named in the report when rows were too long)."""
 
     @classmethod
     def of(cls, counts: LabelCounts, **facts) -> LabelSummary:
@@ -153,6 +164,27 @@ class LabelSummary:
         return total_variation(self.label_shares, self.dev_shares)
 
     @property
+    def agreement(self) -> Agreement | None:
+        """Accuracy and friends against the file's gold labels, in their own scheme (None: no gold)."""
+        return agreement(self.predicted.gold, self.label_scheme or AUTO)
+
+    @property
+    def gold_rows(self) -> dict[str, int]:
+        """Labelled rows by gold value (any scheme)."""
+        rows: Counter = Counter()
+        for (gold, _), count in self.predicted.gold.items():
+            rows[gold] += count
+        return dict(rows)
+
+    def gold_warning(self) -> str | None:
+        """The words for gold values the accuracy left out (outside the scheme), naming the input."""
+        return outside_words(self.agreement, self.gold_rows, str(self.input or self.output))
+
+    @property
+    def rejected_share(self) -> float:
+        return self.rejected / self.rows if self.rows else 0.0
+
+    @property
     def pairs_per_second(self) -> float | None:
         """Rows done per second of the whole run, end to end (reused shards count as done)."""
         return self.rows / self.seconds if self.seconds else None
@@ -180,16 +212,25 @@ class LabelSummary:
         if self.published_before:
             lines.append(f"nothing to do: {self.output} is already the output of this same run (counts as it recorded)")
         lines += [f"repaired: {what}" for what in self.repaired]
-        lines += [f"  rejected {reason}: {count}" for reason, count in sorted(self.reasons.items())]
+        lines += [f"  rejected {reason}: {count}{self._why(reason)}" for reason, count in sorted(self.reasons.items())]
         if self.rejected:
             lines.append(f"rejects listed in {self.rejects}")
         lines += self._speed_lines()
         if self.oov_share is not None:
             lines.append(f"out of the model's vocabulary: {self.oov_share:.1%} of tokens")
         lines += self._prediction_lines()
-        lines += gold_report(self.output)
+        found = self.agreement
+        lines += found.report() if found is not None else []
+        warning = self.gold_warning()
+        lines += [f"not scored: {warning.split(': ', 1)[1]}"] if warning else []
         lines.append(self._how_it_ran())
         return lines
+
+    def _why(self, reason: str) -> str:
+        """What to do about a reason the user can change: sentences over the token limit."""
+        if reason == RejectReason.TOO_LONG.value and self.max_tokens is not None:
+            return f" (a sentence over {self.max_tokens} tokens; raise the limit with --max-tokens)"
+        return ""
 
     def _speed_lines(self) -> list[str]:
         speeds = [
@@ -243,3 +284,23 @@ def dev_label_shares(saved: Checkpoint) -> dict[str, float] | None:
 def total_variation(shares: dict[str, float], reference: dict[str, float]) -> float:
     """Half the summed absolute differences of two distributions over the same labels, in [0, 1]."""
     return 0.5 * sum(abs(shares.get(label, 0.0) - reference.get(label, 0.0)) for label in shares.keys() | reference)
+
+
+class TooManyRejected(SpinnError):
+    """A run that published its output with a larger share of its rows rejected than the settings allow. The
+    summary rides along, so a front end still prints and logs what was labelled."""
+
+    def __init__(self, summary: LabelSummary, limit: float) -> None:
+        self.summary = summary
+        reasons = ", ".join(f"{count} {reason}" for reason, count in sorted(summary.reasons.items()))
+        super().__init__(
+            f"{summary.rejected} of {summary.rows} rows rejected ({summary.rejected_share:.1%}, more than the "
+            f"{limit:.0%} allowed: {reasons}); the output is written and the reasons are in {summary.rejects}",
+            fix=("max_rejected", "raise {} to accept such a file"),
+        )
+
+
+def check_rejected_share(summary: LabelSummary, limit: float) -> None:
+    """Fail a run whose share of rejected rows is over `limit`, once its output and rejects file are written."""
+    if summary.rejected_share > limit:
+        raise TooManyRejected(summary, limit)
