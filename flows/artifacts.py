@@ -117,7 +117,8 @@ def evaluation_facts(model: str, data: str, evaluated: dict[str, Any]) -> list[R
 
 def labelled_file_rows(entries: dict[str, dict[str, Any]]) -> list[Row]:
     """One row per inbox file of a label-pairs run, every row with every column: a labelled file's figures
-    (those its MLflow run logs, rounded for reading: shares as percentages), a failed file's error."""
+    (those its MLflow run logs, rounded for reading: shares as percentages; the accuracy against its gold
+    labels, in their own scheme), a failed file's error."""
     return [{"file": name, **_file_figures(entry)} for name, entry in entries.items()]
 
 
@@ -134,6 +135,8 @@ def _file_figures(entry: dict[str, Any]) -> Row:
         "OOV tokens": percent(figures.get("oov_share")),
         "tokens per sentence": _rounded(figures.get("mean_sentence_tokens"), LENGTH_DIGITS),
         "drift": _rounded(figures.get("drift"), DRIFT_DIGITS),
+        "accuracy": percent(entry.get("accuracy")),
+        "label scheme": entry.get("label_scheme"),
         "parser": entry.get("parser"),
         "output": entry.get("output"),
         "MLflow run": entry.get("mlflow_run"),

@@ -1,15 +1,19 @@
 """label-pairs: label every new file in an inbox folder, once, with shards spread over a Dask cluster.
 
 Each run lists the inbox, skips files the index says are done (same name and
-same content digest), and labels the rest, `files_at_once` of them side by side
-(flows/threads.py), each as its own label-file subflow. A file is cut
-into shards (spinn.labeling.shards), the shards run as Prefect tasks on a Dask cluster
-(a local one by default, or an existing cluster by address) and are merged.
-Only the flow's own thread writes the index, as each file ends, so a killed
-run loses no finished file's entry and a rerun labels the others again (their
-finished shards reused): every file's rows end up in its output exactly once.
-A file that fails is recorded as failed, reported, and tried again on the next
-run; the files beside it go on. A labelled file's figures
+same content digest), dot-files and files still being written (modified
+within `settle_seconds`), and labels the rest, `files_at_once` of them side
+by side (flows/threads.py), each as its own label-file subflow. A file is
+labelled by `spinn label`'s own orchestration (spinn.labeling.label.label:
+the same checks, plan, resume, merge, published record and summary), which
+this flow hands a way to run the shards: each a Prefect task on a Dask
+cluster (a local one by default, or an existing cluster by address). Only
+the flow's own thread writes the index, as each file ends, so a killed run
+loses no finished file's entry and a rerun labels the others again (their
+sound shards reused, a published output answered from its record): every
+file's rows end up in its output exactly once. A file that fails (a run
+that labelled no row included) is recorded as failed, reported, and tried
+again on the next run; the files beside it go on. A labelled file's figures
 (counts, label shares, confidence, OOV share, drift) go to the Prefect run's
 table artifact and to an MLflow run per file (spinn/labeling/track.py).
 
@@ -17,7 +21,7 @@ The Dask workers are the parallelism: each worker process parses in itself
 (`spinn label`'s parser `workers` do not apply here) with the settings' torch
 threads, so `dask_workers` about the number of free cores keeps them busy
 without oversubscribing them; a file gives each worker work when it has at
-least that many shards (spinn.labeling.spread), and files side by side fill
+least that many shards (spinn.labeling.shard_plan.spread_over), and files side by side fill
 the gaps between one file's shards and the next's (its plan, merge and MLflow
 run, a last shard that leaves the others idle). A file's shards and labels do
 not depend on what runs beside it. On Prefect's default SQLite server,
@@ -30,16 +34,15 @@ PROGRESS_EVERY_S seconds.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 from prefect.artifacts import create_table_artifact
 from prefect.states import Failed, State
 from prefect_dask import DaskTaskRunner
@@ -50,9 +53,8 @@ from flows.threads import side_by_side
 from spinn.data.sentence_pairs import readable_suffixes
 from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
-from spinn.labeling.settings import LabelSettings, model_threads
-from spinn.labeling.shards import hold_output
-from spinn.labeling.spread import spread_over
+from spinn.labeling.label_settings import LabelSettings, model_threads
+from spinn.labeling.shard_plan import spread_over
 from spinn.labeling.track import label_metrics, log_label_run
 from spinn.settings import AUTO, count_or_auto, usable_cores
 
@@ -65,6 +67,12 @@ DONE, FAILED = "done", "failed"
 LOOPBACK = "127.0.0.1"
 LABELLING_RUN_KEY = "spinn-labeling-run"
 PROGRESS_EVERY_S = 30.0
+FLOW_MAX_REJECTED = 0.1
+"""A scheduled file with more of its rows rejected ends its label-file run Failed, with the reasons: nobody
+reads a scheduled run's summary, so a file that is mostly refused must not pass as done."""
+DEFAULT_SETTLE_S = 5.0
+"""How long an inbox file must go unmodified before a run takes it (a run waits that long at most, once): a
+file an uploader was still writing was labelled with the rows it had so far."""
 
 
 LabelOverrides = LabelSettings.overrides()
@@ -98,6 +106,14 @@ class LabelRequest(BaseModel):
         ),
     )
     track: bool = Field(True, description="Log each labelled file to an MLflow run (experiment spinn-labeling).")
+    settle_seconds: float = Field(
+        DEFAULT_SETTLE_S,
+        ge=0,
+        description=(
+            "An inbox file that changes within this many seconds of its last change is still being written: "
+            "it waits for a later run."
+        ),
+    )
 
     @model_validator(mode="after")
     def _settings_resolve(self) -> LabelRequest:
@@ -105,8 +121,9 @@ class LabelRequest(BaseModel):
         return self
 
     def label_settings(self) -> LabelSettings:
+        """`spinn label`'s settings, with this flow's own default share of rejected rows (FLOW_MAX_REJECTED)."""
         try:
-            return LabelSettings.build(self.settings.model_dump(exclude_none=True))
+            return LabelSettings.build({"max_rejected": FLOW_MAX_REJECTED}, self.settings.model_dump(exclude_none=True))
         except SpinnError as error:
             raise ValueError(str(error)) from None
 
@@ -148,81 +165,33 @@ def dask_cluster(request: LabelRequest) -> Iterator[str]:
         yield cluster.scheduler_address
 
 
-# ----------------------------------------------------------------------------- tasks (run on Dask workers)
-
-_LABELLERS: dict[tuple, Any] = {}
-"""One loaded model and parser per worker process, shared by the shards that worker labels."""
-_LABELLERS_LOCK = threading.Lock()
-"""plan-shards runs in the flow's own process, where files side by side would otherwise load the
-same model and parser twice at once."""
-
-
-def _labeller(model: str, settings) -> Any:
-    """Parsing in this worker process: a Dask worker is daemonic (no children) and is itself the parallelism."""
-    from spinn.labeling.labeller import Labeller
-
-    settings = settings.replace(parsing={"workers": 1})
-    key = (model, repr(settings))
-    with _LABELLERS_LOCK:
-        if key not in _LABELLERS:
-            _LABELLERS[key] = Labeller(model, settings)
-        return _LABELLERS[key]
-
-
-class PlannedFile(NamedTuple):
-    """A file's shard plan and what the labeller resolved: the model (an alias resolved once), the parser, and
-    the model's label shares on dev (the reference of drift)."""
-
-    plan: Any
-    model: str
-    model_name: str
-    parser: str
-    dev_shares: dict[str, float] | None
-
-
-@task(name="plan-shards", task_run_name="plan-{input_path.name}")
-def plan_task(input_path: Path, output: Path, model: str, settings) -> PlannedFile:
-    """Cut the file into shards; the parser is the labeller's (`auto` becomes `model` or `stanza` there)."""
-    from spinn.labeling.drift import dev_label_shares
-    from spinn.labeling.shards import plan_shards
-
-    labeller = _labeller(model, settings)
-    plan = plan_shards(input_path, output, settings, labeller.fingerprint())
-    shares = dev_label_shares(labeller.loaded.saved)
-    return PlannedFile(plan, labeller.reference, labeller.model_name, labeller.parser_name, shares)
+# ----------------------------------------------------------------------------- the shards, on Dask workers
 
 
 @task(name="label-shard", task_run_name="label-shard-{index}")
-def shard_task(plan, index: int, model: str, settings):
-    """One shard; its parse and model progress, with pairs/s, in the task's log every PROGRESS_EVERY_S seconds."""
-    from prefect import get_run_logger
+def shard_task(job, index: int):
+    """One shard, with the worker's own labeller (spinn.labeling.shard_job); its parse and model progress,
+    with pairs/s, in the task's log every PROGRESS_EVERY_S seconds."""
+    from spinn.labeling.label_progress import LabelProgress
+    from spinn.labeling.shard_plan import shard_rows
 
-    from spinn.errors import SpinnError
-    from spinn.labeling.progress import LabelProgress
-    from spinn.labeling.shard import label_shard
-    from spinn.labeling.shards import shard_rows
-
-    labeller = _labeller(model, settings)
-    if labeller.checkpoint_sha256 != plan.fingerprint["checkpoint_sha256"]:
-        raise SpinnError(f"{model}: this worker loaded another checkpoint than the plan's")
     logger = get_run_logger()
     progress = LabelProgress(
-        len(shard_rows(plan, index)),
+        len(shard_rows(job.plan, index)),
         bars=False,
         log=lambda line: logger.info(f"shard {index}: {line}"),
         every_s=PROGRESS_EVERY_S,
     )
     try:
-        return label_shard(plan, index, labeller, progress=progress)
+        return job(index, progress)
     finally:
         progress.close()
 
 
-@task(name="merge-shards", task_run_name="merge-{plan.shards}-shards")
-def merge_task(plan, results: list, model_name: str, parser: str):
-    from spinn.labeling.shards import merge_shards
-
-    return merge_shards(plan, results, model_name, parser)
+def on_dask(job, indices: list[int]) -> list:
+    """label()'s shard runner for this flow: every shard a task on the subflow's Dask cluster, at once."""
+    futures = [shard_task.submit(job, index) for index in indices]
+    return [future.result() for future in futures]
 
 
 # ----------------------------------------------------------------------------- flows
@@ -230,23 +199,33 @@ def merge_task(plan, results: list, model_name: str, parser: str):
 
 @flow(name="label-file")
 def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
-    """One file: plan, then every shard as a task on the Dask cluster, then merge, then its MLflow run; the
-    output is this run's alone meanwhile (`hold_output`: a `spinn label` on it is refused, and this run is if
-    one holds it)."""
-    started = time.perf_counter()
+    """One file through `spinn label`'s own orchestration (every check, the plan, the merge, the published
+    record, the summary), its shards as tasks on the Dask cluster; then its MLflow run. An output of another
+    version of the file is replaced: the inbox's outputs are its files' own."""
+    from spinn.labeling.label import label
+    from spinn.labeling.summary import TooManyRejected
+
     settings = spread_over(request.worker_settings(), input_path, request.dask_workers)
     output = request.outbox / output_name(input_path)
-    with hold_output(output):
-        planned = plan_task(input_path, output, request.model, settings)
-        plan = planned.plan
-        futures = [shard_task.submit(plan, index, planned.model, settings) for index in range(plan.shards)]
-        results = [future.result() for future in futures]
-        summary = merge_task(plan, results, planned.model_name, planned.parser)
-    summary.dev_shares, summary.seconds = planned.dev_shares, time.perf_counter() - started
-    if settings.threads != AUTO:
-        summary.model_threads = settings.threads
+    try:
+        summary = label(input_path, request.model, output, settings, run_shards=on_dask, replace=True)
+    except TooManyRejected as error:  # labelled and published: its figures and MLflow run, then the failure
+        error.figures = _figures(error.summary, settings, request)
+        raise
+    if file_digest(input_path, "sha256") != summary.input_sha256:
+        raise SpinnError(f"{input_path}: changed while it was labelled; it is labelled again on the next run")
+    return _figures(summary, settings, request)
+
+
+def _figures(summary, settings: LabelSettings, request: LabelRequest) -> dict[str, Any]:
+    """A labelled file's index entry: its counts, accuracy against its gold labels, and MLflow run (logged
+    here); what the run repaired goes to the subflow's log too."""
+    for what in summary.repaired:
+        get_run_logger().warning(f"repaired: {what}")
+    found = summary.agreement
     tracked = log_label_run(summary, settings) if request.track else None
     return {
+        "sha256": summary.input_sha256,
         "output": str(summary.output),
         "rejects": str(summary.rejects),
         "rows": summary.rows,
@@ -255,8 +234,12 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
         "reasons": summary.reasons,
         "shards": summary.shards,
         "shards_reused": summary.shards_reused,
+        "repaired": list(summary.repaired),
+        "published_before": summary.published_before,
         "model": summary.model,
         "parser": summary.parser,
+        "accuracy": None if found is None else found.accuracy,
+        "label_scheme": None if found is None else found.scheme.name,
         "metrics": label_metrics(summary),
         "mlflow_run": None if tracked is None else tracked.url,
     }
@@ -270,7 +253,7 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
     request = request or LabelRequest()
     request.outbox.mkdir(parents=True, exist_ok=True)
     index = read_index(request.outbox)
-    pending = pending_files(request.inbox, index)
+    pending = pending_files(request.inbox, index, request.settle_seconds)
     entries = _label_pending(pending, request, index) if pending else {}
     described = f"{len(entries)} inbox files labelled or retried"
     create_table_artifact(labelled_file_rows(entries), key=LABELLING_RUN_KEY, description=described)
@@ -303,6 +286,7 @@ def _label_one(path: Path, request: LabelRequest, address: str) -> dict[str, Any
         entry["sha256"] = file_digest(path, "sha256")
         entry.update(status=DONE, **_label_subflow(path, request, address))
     except Exception as error:  # recorded in the index and the run's artifact; the file is retried next run
+        entry.update(getattr(error, "figures", {}))  # a file labelled, but with too many rows rejected
         entry.update(status=FAILED, error=f"{type(error).__name__}: {one_line(error)}")
     entry["seconds"] = round(time.perf_counter() - start, 3)
     return entry
@@ -314,12 +298,41 @@ def _label_subflow(path: Path, request: LabelRequest, address: str) -> dict[str,
     return label_file.with_options(task_runner=runner, flow_run_name=f"label-{path.name}")(path, request)
 
 
-def pending_files(inbox: Path, index: dict[str, dict]) -> list[Path]:
-    """Input files not yet done with this content (new, changed, or failed last time), by name."""
+def pending_files(inbox: Path, index: dict[str, dict], settle_seconds: float = 0.0) -> list[Path]:
+    """Input files not yet done with this content (new, changed, or failed last time), by name. Dot-files
+    (editors' and uploaders' temporaries) are never taken, nor files still being written (`settled`)."""
     if not inbox.is_dir():
         return []
-    files = sorted(path for path in inbox.iterdir() if path.is_file() and _input_suffix(path) is not None)
-    return [path for path in files if not _done(index.get(path.name), path)]
+    files = sorted(
+        path
+        for path in inbox.iterdir()
+        if path.is_file() and not path.name.startswith(".") and _input_suffix(path) is not None
+    )
+    return settled([path for path in files if not _done(index.get(path.name), path)], settle_seconds)
+
+
+def settled(files: list[Path], settle_seconds: float) -> list[Path]:
+    """The files nobody is writing: a file modified less than `settle_seconds` ago is watched until it is
+    that old (one wait for all, at most `settle_seconds`); one that changed meanwhile is still being
+    written and waits for a later run (named in the log)."""
+    first = {path: _looks(path) for path in files}
+    youngest = min((time.time() - look[1] for look in first.values() if look), default=settle_seconds)
+    if youngest < settle_seconds:
+        time.sleep(settle_seconds - max(youngest, 0.0))
+    second = {path: _looks(path) for path in files}
+    for path in files:
+        if second[path] is not None and second[path] != first[path]:
+            print(f"{path.name}: still being written (changed within {settle_seconds:g} s); it waits for a later run")
+    return [path for path in files if second[path] is not None and second[path] == first[path]]
+
+
+def _looks(path: Path) -> tuple[int, float] | None:
+    """Size and modification time; None for a file gone since the inbox was listed."""
+    try:
+        status = path.stat()
+    except FileNotFoundError:
+        return None
+    return status.st_size, status.st_mtime
 
 
 def _done(entry: dict | None, path: Path) -> bool:
@@ -327,8 +340,22 @@ def _done(entry: dict | None, path: Path) -> bool:
 
 
 def read_index(outbox: Path) -> dict[str, dict]:
+    """The index of what earlier runs did, by input name; a damaged one is named with its fix (without it, a
+    run labels nothing twice: each published output's record says it is done)."""
     path = outbox / INDEX_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        index = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        index = error
+    if isinstance(index, dict) and all(isinstance(entry, dict) for entry in index.values()):
+        return index
+    problem = index if isinstance(index, BaseException) else "not an object of one entry per input file"
+    raise SpinnError(
+        f"{path}: not a label-pairs index ({problem}); move it aside and rerun: the run finds every file whose "
+        "output is already published done, without labelling it again, and writes a new index"
+    )
 
 
 def write_index(outbox: Path, index: dict[str, dict]) -> None:

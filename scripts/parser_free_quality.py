@@ -143,7 +143,7 @@ def label_raw(variant: str, parser: str, checkpoint: Path, raw: Path, folder: Pa
     import pyarrow.parquet as pq
 
     from spinn.labeling.label import label
-    from spinn.labeling.settings import LabelSettings
+    from spinn.labeling.label_settings import LabelSettings
     from spinn.parsing.settings import ParserSettings
 
     parsing = ParserSettings(stanza_dir=STANZA_DIR, cache_path=None, device="cpu")

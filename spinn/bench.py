@@ -410,7 +410,7 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
     import tempfile
 
     from spinn.labeling.label import label
-    from spinn.labeling.settings import LabelSettings
+    from spinn.labeling.label_settings import LabelSettings
     from spinn.parsing.settings import decided
 
     settings = settings or LabelSettings().replace(parsing={"cache_path": None})

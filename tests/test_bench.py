@@ -213,7 +213,7 @@ RELEASE = ROOT / "tests" / "fixtures" / "release-0.1.0"
 def test_label_bench_reports_parse_model_and_end_to_end_speeds():
     """The model builds its own trees here (no Stanza): the stage runs and every speed is a number."""
     from spinn.bench import run_label_bench
-    from spinn.labeling.settings import LabelSettings
+    from spinn.labeling.label_settings import LabelSettings
     from spinn.settings import usable_cores
 
     settings = LabelSettings(parser="model", device="cpu").replace(parsing={"cache_path": None})

@@ -16,7 +16,7 @@ from spinn.model.checkpoint import load_checkpoint, save_checkpoint
 from spinn.training.config import TrainConfig
 from spinn.training.divergence import check_loss, check_weights
 from spinn.training.train import train
-from tests.test_label import smoke_pairs, write_rows
+from tests.helpers import smoke_pairs, write_rows
 
 DIVERGING = 1e30
 """A learning rate that is finite (so the settings accept it) and sends the weights to NaN in a few steps."""

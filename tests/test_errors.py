@@ -21,8 +21,8 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import main
-from spinn.labeling.shards import parts_folder
-from tests.test_label import smoke_pairs, write_rows
+from spinn.labeling.shard_plan import parts_folder
+from tests.helpers import smoke_pairs, write_rows
 
 READ_ONLY = 0o555
 CLI_TIMEOUT_S = 300

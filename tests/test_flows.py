@@ -28,7 +28,7 @@ from spinn.tracking.register import version_description
 from spinn.training.evaluate import report_path
 from tests.checkout import copy_checkout
 from tests.conftest import copy_store
-from tests.test_label import stanza_dir, write_rows
+from tests.helpers import stanza_dir, write_rows
 
 pytestmark = pytest.mark.slow
 

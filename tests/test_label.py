@@ -10,7 +10,6 @@ again only in the tests about the parser's own running (workers, a killed job).
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import re
@@ -22,18 +21,19 @@ import time
 from pathlib import Path
 from types import NoneType
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, SpinnWarning
 from spinn.labeling.label import label
-from spinn.labeling.settings import LabelSettings
-from spinn.labeling.shards import parts_folder, rejects_file
+from spinn.labeling.label_settings import LabelSettings
+from spinn.labeling.published import rejects_file
+from spinn.labeling.shard_plan import parts_folder
 from spinn.parsing.settings import ParserSettings
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary
+from tests.helpers import DAMAGES, damage_shard, smoke_pairs, stanza_dir, stop_before_the_merge, write_rows
 
 TOLERANCE = 1e-5
 KILL_SHARD_SIZE = 25
@@ -53,35 +53,6 @@ REJECT_TYPES = {
     "raw": str,
 }
 """Every record in a label run's rejects file: where the row is, which field failed, why, and the row as read."""
-
-
-def stanza_dir() -> Path:
-    folder = Path(__file__).resolve().parents[2] / "shared" / "stanza" / "stanza_resources"
-    if not folder.is_dir():
-        pytest.skip(f"the offline Stanza models {folder} are absent (../shared is not beside this checkout)")
-    return folder
-
-
-def smoke_pairs(smoke_model, count: int) -> list[dict]:
-    """The first `count` smoke test pairs as plain rows (id, premise, hypothesis, gold label)."""
-    table = pq.read_table(smoke_model.prepared / "test.parquet", columns=["pair_id", "premise", "hypothesis", "label"])
-    return [
-        {"id": row["pair_id"], "premise": row["premise"], "hypothesis": row["hypothesis"], "label": row["label"]}
-        for row in table.to_pylist()[:count]
-    ]
-
-
-def write_rows(path: Path, rows: list[dict]) -> Path:
-    if path.suffix == ".csv":
-        with path.open("w", newline="", encoding="utf-8") as handle:
-            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-    elif path.suffix == ".jsonl":
-        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    else:
-        pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
 
 
 WARM_PAIRS = 60
@@ -218,7 +189,7 @@ def test_progress_bars_show_pairs_per_second_for_both_phases(smoke_model, tmp_pa
 
 
 def test_progress_logs_a_line_every_so_often_instead_of_bars(capsys):
-    from spinn.labeling.progress import LabelProgress, ShardShare
+    from spinn.labeling.label_progress import LabelProgress, ShardShare
 
     lines = []
     progress = LabelProgress(10, bars=False, log=lines.append, every_s=0.0)
@@ -298,7 +269,7 @@ def test_every_reject_names_its_pair_id_at_the_top_level(smoke_model, tmp_path):
 def test_sentences_whose_tree_the_model_builds_reach_it_as_tokens_only(smoke_model, tmp_path, monkeypatch):
     """With parser `model` no sentence has a parse: the model gets its tokens and no stand-in tree (nothing
     it could read by mistake), and every recorded tree is over exactly the sentence's tokens."""
-    import spinn.labeling.predictions as predictions_module
+    import spinn.labeling.labelled_rows as labelled_rows_module
     from spinn.inference.predict import predict
 
     seen = []
@@ -307,7 +278,7 @@ def test_sentences_whose_tree_the_model_builds_reach_it_as_tokens_only(smoke_mod
         seen.extend(examples)
         return predict(model, examples, *args, **kwargs)
 
-    monkeypatch.setattr(predictions_module, "predict", recorded)
+    monkeypatch.setattr(labelled_rows_module, "predict", recorded)
     rows = smoke_pairs(smoke_model, 5)
     source = write_rows(tmp_path / "pairs.csv", rows)
     label(source, smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path, parser="model"))
@@ -389,17 +360,6 @@ def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path, 
     assert not parts_folder(output).exists()  # what the resume needed goes once the output is published
 
 
-def stop_before_the_merge(monkeypatch) -> None:
-    """The next label run stops once every shard is labelled, before its merge publishes anything: its parts
-    folder keeps the plan and every shard, as a run killed at that moment leaves it."""
-    import spinn.labeling.label as label_module
-
-    def stopped(*args, **kwargs):
-        raise SpinnError("stopped before the merge")
-
-    monkeypatch.setattr(label_module, "merge_shards", stopped)
-
-
 def test_resuming_with_other_arguments_is_refused(smoke_model, tmp_path, monkeypatch):
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 10))
     output = tmp_path / "out.parquet"
@@ -431,8 +391,9 @@ def published_files(output: Path) -> list[str]:
 
 def test_a_published_output_keeps_no_shards_and_rerun_as_it_was_does_nothing(smoke_model, tmp_path, monkeypatch):
     """The parts folder held a second copy of every row; the record beside the output stays instead, and
-    the same command again changes nothing, labels nothing and reports the first run's counts."""
-    import spinn.labeling.label as label_module
+    the same command again changes nothing, loads no model, labels nothing and reports the first run's
+    counts."""
+    import spinn.labeling.labeller as labeller_module
 
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 30))
     output = tmp_path / "out.parquet"
@@ -443,10 +404,10 @@ def test_a_published_output_keeps_no_shards_and_rerun_as_it_was_does_nothing(smo
     published = output.stat()
 
     def no_labelling(*args, **kwargs):
-        raise AssertionError("a finished output was labelled again")
+        raise AssertionError("a finished output was labelled again, or its model loaded")
 
-    monkeypatch.setattr(label_module, "label_shards", no_labelling)
-    again = label(source, smoke_model.checkpoint, output, chosen)
+    monkeypatch.setattr(labeller_module, "load_model", no_labelling)
+    again = label(source, smoke_model.checkpoint, output, chosen, run_shards=no_labelling)
     assert (output.stat().st_ino, output.stat().st_mtime_ns) == (published.st_ino, published.st_mtime_ns)
     assert again.published_before and again.shards_reused == again.shards == first.shards == 3
     figures = ("rows", "labelled", "rejected", "reasons", "label_shares", "mean_top_probability", "oov_share")
@@ -471,7 +432,7 @@ def test_a_run_killed_after_its_publish_leaves_a_rerun_nothing_but_clearing_its_
     smoke_model, tmp_path, monkeypatch
 ):
     """Killed between the publish (output, rejects and record at once) and emptying the parts folder."""
-    import spinn.labeling.shards as shards_module
+    import spinn.labeling.published as published_module
 
     rows = smoke_pairs(smoke_model, 20)
     source = write_rows(tmp_path / "pairs.csv", rows)
@@ -482,7 +443,7 @@ def test_a_run_killed_after_its_publish_leaves_a_rerun_nothing_but_clearing_its_
         raise KeyboardInterrupt
 
     with monkeypatch.context() as patched, pytest.raises(KeyboardInterrupt):
-        patched.setattr(shards_module, "clear_parts", killed)
+        patched.setattr(published_module, "clear_parts", killed)
         label(source, smoke_model.checkpoint, output, chosen)
     assert (parts_folder(output) / "labels-00001.parquet").is_file()
     again = label(source, smoke_model.checkpoint, output, chosen)
@@ -606,7 +567,7 @@ def test_a_lock_left_by_a_dead_run_is_taken_over(smoke_model, tmp_path, monkeypa
     """The lock's record names this run while it works (read as it plans); the folder goes once it is done."""
     import spinn.labeling.label as label_module
     from spinn.io import HOST, LOCK_NAME
-    from spinn.labeling.shards import plan_shards
+    from spinn.labeling.shard_plan import plan_shards
 
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -628,35 +589,25 @@ def test_a_lock_left_by_a_dead_run_is_taken_over(smoke_model, tmp_path, monkeypa
     assert not parts_folder(output).exists()
 
 
-def test_a_shard_with_a_row_twice_is_refused_before_anything_is_published(smoke_model, tmp_path, monkeypatch):
-    """Shards an earlier concurrent run corrupted are found at the merge, not reused into the output (an
-    earlier output at the same path stays as it was)."""
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_shard_left_by_a_killed_run_is_named_and_labelled_again(smoke_model, tmp_path, monkeypatch, damage):
+    """A truncated or hand-edited shard, a deleted input shard, a record that is not JSON: the rerun of the
+    same command names the damaged file in a warning and in its summary and redoes that part, and the output
+    still holds every row once. (An earlier output at the same path stays as it was until then.)"""
     rows = smoke_pairs(smoke_model, 30)
     source = write_rows(tmp_path / "pairs.csv", rows)
     output = tmp_path / "out.parquet"
     output.write_bytes(b"an earlier output")
+    chosen = settings(tmp_path, parser="model", shard_size=10)
     with monkeypatch.context() as patched, pytest.raises(SpinnError, match="stopped before the merge"):
         stop_before_the_merge(patched)
-        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
-    shard = parts_folder(output) / "labels-00001.parquet"
-    table = pq.read_table(shard)
-    pq.write_table(pa.concat_tables([table, table.slice(0, 3)]), shard)
-    before = output.read_bytes()
-    with pytest.raises(SpinnError, match=r"labels-00001\.parquet: shard 1 \(rows 11-20\) has 3 rows twice") as error:
-        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
-    assert output.read_bytes() == before
-    assert str(error.value).endswith(f"delete {parts_folder(output)} and rerun")
-    assert not getattr(error.value, "__notes__", None)  # not also told to rerun as it is
-
-
-def test_a_shard_missing_a_row_is_refused(smoke_model, tmp_path, monkeypatch):
-    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 30))
-    output = tmp_path / "out.parquet"
-    with monkeypatch.context() as patched, pytest.raises(SpinnError, match="stopped before the merge"):
-        stop_before_the_merge(patched)
-        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
-    shard = parts_folder(output) / "labels-00002.parquet"
-    pq.write_table(pq.read_table(shard).slice(1), shard)
-    with pytest.raises(SpinnError, match=r"labels-00002\.parquet: shard 2 \(rows 21-30\) has 1 row missing"):
-        label(source, smoke_model.checkpoint, output, settings(tmp_path, parser="model", shard_size=10))
-    assert not output.exists()
+        label(source, smoke_model.checkpoint, output, chosen)
+    assert output.read_bytes() == b"an earlier output"
+    damaged = damage_shard(parts_folder(output), damage, 1)
+    with pytest.warns(SpinnWarning, match=re.escape(damaged)):
+        summary = label(source, smoke_model.checkpoint, output, chosen)
+    assert_every_row_once_in_order(output, rows)
+    assert [Path(line.split(": ")[0]).name for line in summary.repaired] == [damaged]
+    assert f"repaired: {summary.repaired[0]}" in summary.report()
+    redone = 3 if damage == "plan not JSON" else 1 if damage.startswith(("label", "a row")) else 0
+    assert summary.shards_reused == 3 - redone

@@ -18,9 +18,9 @@ import pytest
 from flows.label_pairs import DONE, FAILED, LabelRequest, read_index, write_index
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import read_input_pairs
-from spinn.labeling import spread
+from spinn.labeling import shard_plan
 from spinn.labeling.track import LABELING_EXPERIMENT
-from tests.test_label import smoke_pairs, stanza_dir, write_rows
+from tests.helpers import file_runs, run_table, smoke_pairs, stanza_dir, write_rows
 
 pytestmark = pytest.mark.slow
 
@@ -58,6 +58,7 @@ def request_for(smoke_model, smoke_store, tmp_path, prefect_api):
             dask_workers=dask_workers,
             files_at_once=files_at_once,
             dask_address=dask_address,
+            settle_seconds=0,
         )
 
     return make
@@ -114,22 +115,6 @@ def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, requ
     ]
     assert sorted(run.data.params["input"] for run in runs) == ["bad.jsonl", "good.jsonl"]
     assert all(run.data.metrics["labelled"] == len(rows) for run in runs)
-
-
-def run_table(state) -> dict[str, dict]:
-    """File name -> its row in the labelling-run table artifact that this flow run created."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
-
-    with get_client(sync_client=True) as client:
-        artifacts = client.read_artifacts(
-            artifact_filter=ArtifactFilter(
-                key=ArtifactFilterKey(any_=["spinn-labeling-run"]),
-                flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]),
-            )
-        )
-    assert [artifact.type for artifact in artifacts] == ["table"]
-    return {row["file"]: row for row in json.loads(artifacts[0].data)}
 
 
 def test_the_run_artifact_lists_every_file_with_the_figures_its_mlflow_run_logs(smoke_model, request_for, tmp_path):
@@ -218,13 +203,16 @@ def test_inbox_files_are_labelled_side_by_side_as_they_are_one_at_a_time(
     good = ("first.csv", "second.jsonl")
     meeting = threading.Barrier(len(good), timeout=MEETING_S)
 
-    def read_once_both_began(path, *args):
-        """The first step of labelling a file: counting its rows to spread them. Patched in spinn.labeling.spread,
-        not in the flow's module: Dask pickles label_file's function by value with that module's globals, and
-        a barrier cannot be pickled."""
-        if path.name in good:
+    began = set()
+
+    def read_once_both_began(path, *args, **kwargs):
+        """The first step of labelling a file is counting its rows to spread them (the plan reads it again).
+        Patched in spinn.labeling.shard_plan, not in the flow's module: Dask pickles label_file's function by
+        value with that module's globals, and a barrier cannot be pickled."""
+        if path.name in good and path.name not in began:
+            began.add(path.name)
             meeting.wait()
-        return read_input_pairs(path, *args)
+        return read_input_pairs(path, *args, **kwargs)
 
     def run(outbox: str, files_at_once: int):
         request = request_for(
@@ -243,13 +231,13 @@ def test_inbox_files_are_labelled_side_by_side_as_they_are_one_at_a_time(
         write_index(outbox, index)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(spread, "read_input_pairs", read_once_both_began)
+        patch.setattr(shard_plan, "read_input_pairs", read_once_both_began)
         patch.setattr(label_flow, "write_index", write_index_noting_the_thread)
         side_by_side, labels = run("together", files_at_once=3)
     assert index_writers == [threading.current_thread()] * 3  # the flow's own thread, once as each file ends
     one_at_a_time, sequential_labels = run("one-by-one", files_at_once=1)
 
-    assert overlapping(file_runs(side_by_side, good)) and not overlapping(file_runs(one_at_a_time, good))
+    assert overlapping(file_spans(side_by_side, good)) and not overlapping(file_spans(one_at_a_time, good))
     assert labels == sequential_labels
     assert [row["pair_id"] for name in good for row in labels[name]] == [row["id"] for row in rows]
     assert labelled_per_run(tmp_path / "together") == {"first.csv": 5, "second.jsonl": 3}
@@ -281,16 +269,10 @@ def labelled_per_run(outbox) -> dict[str, float]:
     }
 
 
-def file_runs(state, names: tuple[str, ...]) -> list[tuple]:
+def file_spans(state, names: tuple[str, ...]) -> list[tuple]:
     """(start, end) of each named file's label-file subflow run under this label-pairs run, from Prefect."""
-    from prefect.client.orchestration import get_client
-    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
-
-    parent = FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])
-    with get_client(sync_client=True) as client:
-        runs = client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=parent))
-    spans = {run.name: (run.start_time, run.end_time) for run in runs}
-    return [spans[f"label-{name}"] for name in names]
+    runs = file_runs(state)
+    return [(runs[f"label-{name}"].start_time, runs[f"label-{name}"].end_time) for name in names]
 
 
 def overlapping(spans: list[tuple]) -> bool:

@@ -67,18 +67,23 @@ def test_every_inbox_file_has_an_output_of_its_own():
     assert output_name(Path("a.b.tsv.gz")) == "a.b.tsv.gz.labels.parquet"
 
 
-def test_dask_workers_parse_in_their_own_process():
-    """A Dask worker is daemonic (no child processes) and is itself the parallelism: its labeller parses in it."""
-    from flows.label_pairs import _LABELLERS, _labeller
-    from spinn.labeling.settings import LabelSettings
+def test_dask_workers_parse_in_their_own_process_with_one_labeller_for_every_shard():
+    """A Dask worker is daemonic (no child processes) and is itself the parallelism: its labeller parses in
+    it; and a file's shard size (spread over the workers) or columns load no second model."""
+    from spinn.labeling import labeller as labeller_module
+    from spinn.labeling.label_settings import LabelSettings
+    from spinn.labeling.labeller import ModelSource, worker_labeller
 
     checkpoint = Path(__file__).parent / "fixtures" / "release-0.1.0" / "checkpoint.pt"
     settings = LabelSettings(parser="model", device="cpu").replace(parsing={"workers": 4, "cache_path": None})
     try:
-        labeller = _labeller(str(checkpoint), settings)
+        labeller = worker_labeller(ModelSource(checkpoint), settings)
         assert labeller.settings.parsing.workers == 1 and labeller.settings.threads == settings.threads
+        other_file = settings.replace(shard_size=7, columns={"premise": "sentence1"})
+        assert worker_labeller(ModelSource(checkpoint), other_file) is labeller
+        assert worker_labeller(ModelSource(checkpoint), settings.replace(int8=True)) is not labeller
     finally:
-        _LABELLERS.clear()
+        labeller_module._WORKER_LABELLERS.clear()
 
 
 def test_files_side_by_side_are_bounded_by_the_workers_and_this_machines_cores(tmp_path, monkeypatch):
@@ -103,7 +108,7 @@ def test_the_local_clusters_workers_split_this_machines_cores_for_the_model(tmp_
     """auto threads on the local cluster: the usable cores divided among its workers, at least one each (two
     workers with two threads each on two cores wait on each other); a number is kept; a given cluster's
     workers decide auto on their own machine."""
-    from spinn.labeling import settings as label_settings
+    from spinn.labeling import label_settings
 
     monkeypatch.setattr(label_settings, "usable_cores", lambda: 8)
 
@@ -113,3 +118,48 @@ def test_the_local_clusters_workers_split_this_machines_cores_for_the_model(tmp_
     assert [threads(dask_workers=workers) for workers in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
     assert threads(dask_workers=2, settings={"threads": 3}) == 3
     assert threads(dask_workers=2, dask_address="tcp://10.0.0.5:8786") == "auto"
+
+
+def test_the_inbox_leaves_dot_files_and_files_still_being_written_for_a_later_run(tmp_path):
+    """An uploader's temporary (a dot-file) is never taken; a file that grows while the run looks waits, and
+    is taken once it stops; a complete file written a moment ago is taken at once."""
+    import threading
+    import time
+
+    from flows.label_pairs import pending_files
+
+    header = "premise,hypothesis\n"
+    for name in (".pairs.csv.part", ".~lock.pairs.csv", "done.csv"):
+        (tmp_path / name).write_text(header + "A dog runs.,An animal moves.\n", encoding="utf-8")
+    growing = tmp_path / "growing.csv"
+    growing.write_text(header, encoding="utf-8")
+    stop = threading.Event()
+
+    def upload():
+        while not stop.wait(0.05):
+            with growing.open("a", encoding="utf-8") as handle:
+                handle.write("A dog runs.,An animal moves.\n")
+
+    writer = threading.Thread(target=upload)
+    writer.start()
+    try:
+        assert [path.name for path in pending_files(tmp_path, {}, settle_seconds=0.5)] == ["done.csv"]
+    finally:
+        stop.set()
+        writer.join()
+    time.sleep(0.01)
+    assert [path.name for path in pending_files(tmp_path, {}, settle_seconds=0.5)] == ["done.csv", "growing.csv"]
+
+
+@pytest.mark.parametrize("index", ['{"pairs.csv": {"status": ', "[]", '{"pairs.csv": "done"}'])
+def test_a_damaged_inbox_index_is_named_with_its_fix(tmp_path, index):
+    from flows.label_pairs import INDEX_NAME, label_pairs
+    from spinn.errors import SpinnError
+
+    (tmp_path / "labelled").mkdir()
+    (tmp_path / "labelled" / INDEX_NAME).write_text(index, encoding="utf-8")
+    request = LabelRequest(inbox=tmp_path / "inbox", outbox=tmp_path / "labelled")
+    with pytest.raises(
+        SpinnError, match=f"^{tmp_path / 'labelled' / INDEX_NAME}: not a label-pairs index .*move it aside"
+    ):
+        label_pairs.fn(request)

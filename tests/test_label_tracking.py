@@ -21,14 +21,13 @@ from flows.artifacts import labelled_file_rows
 from spinn.cli import main
 from spinn.data.schema import LABELS
 from spinn.io import file_digest
-from spinn.labeling.drift import NO_REFERENCE, dev_label_shares, total_variation
-from spinn.labeling.settings import PROBABILITY_COLUMNS, LabelSettings
-from spinn.labeling.summary import LabelSummary, PredictionCounts
+from spinn.labeling.label_settings import PROBABILITY_COLUMNS, LabelSettings
+from spinn.labeling.summary import NO_REFERENCE, LabelSummary, PredictionCounts, dev_label_shares, total_variation
 from spinn.labeling.track import LABELING_EXPERIMENT, OUTPUT_TAG, label_metrics
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from spinn.tracking.links import ui_page, ui_url
 from spinn.training.metrics import Metrics
-from tests.test_label import smoke_pairs
+from tests.helpers import smoke_pairs
 
 TOLERANCE = 1e-6
 BAD_LINES = ['{"id": "broken", "premise": ', json.dumps({"id": "empty", "premise": " ", "hypothesis": "A dog ."})]
@@ -94,7 +93,8 @@ def test_a_tracked_label_run_logs_its_figures_linked_to_the_model_version(smoke_
     assert params["input"] == "pairs.jsonl" and params["input_sha256"] == file_digest(source, "sha256")
     assert params["parser"] == "model" == params["settings.parser"]
     assert tags[OUTPUT_TAG] == output.as_uri()
-    assert client(store).list_artifacts(run.info.run_id) == []  # a link to the output, never a copy
+    artifacts = [artifact.path for artifact in client(store).list_artifacts(run.info.run_id)]
+    assert artifacts == ["gold_agreement.json"]  # the gold agreement; a link to the output, never a copy
     assert ui_url(run.info.experiment_id, run.info.run_id) in printed
 
     rows = pq.read_table(output).to_pylist()
@@ -220,8 +220,7 @@ def test_a_version_that_is_a_logged_model_is_an_input_of_the_label_run(smoke_mod
     experiment = client(store).get_run(training).info.experiment_id
     logged = client(store).create_logged_model(experiment, name="spinn", source_run_id=training)
     version = mlflow.register_model(f"models:/{logged.model_id}", "label-test")
-    summary = summary_of(["neutral"] * 4, [0.8] * 4, None)
-    summary.model = f"models:/label-test/{version.version}"
+    summary = replace(summary_of(["neutral"] * 4, [0.8] * 4, None), model=f"models:/label-test/{version.version}")
     before = time.time()
 
     tracked = log_label_run(summary, LabelSettings())

@@ -13,15 +13,15 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import main
-from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, max_chars
+from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, TEXT_MAX_TOKENS, max_chars
 from spinn.data.prepare import PrepareSettings, prepare
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
-from spinn.labeling.trees import PAIRS_OUTPUT_SUFFIX
+from spinn.labeling.induced_trees import PAIRS_OUTPUT_SUFFIX
 from tests.test_errors import snli_line
 
 SHORT = ("A dog runs.", "An animal moves.")
-HUGE = "x" * (max_chars(DEFAULT_MAX_TOKENS) + 1)
+HUGE = "x" * (max_chars(max(DEFAULT_MAX_TOKENS, TEXT_MAX_TOKENS)) + 1)
 """One word no whitespace splits: a word count lets it through; only a character bound stops it."""
 HUGE_PARSE = "( " + "x" * (max_chars(DEFAULT_MAX_TOKENS) * PARSE_CHARS_PER_CHAR) + " . )"
 

@@ -28,7 +28,7 @@ import pytest
 import torch
 
 from spinn.labeling.label import label
-from spinn.labeling.settings import PROBABILITY_COLUMNS, LabelSettings
+from spinn.labeling.label_settings import PROBABILITY_COLUMNS, LabelSettings
 from spinn.serving.pyfunc import OUTPUT_COLUMNS
 from spinn.tracking.register import (
     CHECKPOINT_TAG,
@@ -247,7 +247,7 @@ def release_pairs() -> pd.DataFrame:
 
 
 def test_a_0_1_0_version_still_labels_evaluates_and_draws_trees(release_store, tmp_path):
-    from spinn.labeling.trees import induce_trees
+    from spinn.labeling.induced_trees import induce_trees
     from spinn.training.evaluate import evaluate
 
     labelled = labelled_by_spinn_label(add_refused(release_pairs()), "models:/spinn/1", tmp_path)
@@ -311,7 +311,7 @@ def test_a_model_that_needs_parses_serves_with_stanza_as_spinn_label_does(tmp_pa
     from spinn.parsing.parser import ParserSettings
     from spinn.tracking import store as tracking
     from spinn.tracking.register import log_model
-    from tests.test_label import stanza_dir
+    from tests.helpers import stanza_dir
 
     monkeypatch.setenv("SPINN_STANZA_DIR", str(stanza_dir()))
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")

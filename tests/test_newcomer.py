@@ -312,14 +312,16 @@ def test_a_sidecar_with_an_unknown_role_is_refused(tmp_path: Path) -> None:
 
 
 def test_gold_agreement_counts_only_rows_with_gold() -> None:
-    from spinn.labeling.gold import agreement
+    from spinn.data.label_schemes import agreement
 
     found = agreement(
         [("entailment", "entailment"), ("neutral", "entailment"), (None, "neutral"), ("neutral", "neutral")]
     )
-    assert found is not None and (found.with_gold, found.correct) == (3, 2)
+    assert found is not None and (found.pairs, found.correct) == (3, 2)
     assert found.confusion["neutral"] == {"entailment": 1, "neutral": 1, "contradiction": 0}
-    assert found.report()[0] == "accuracy against the file's gold labels: 0.6667 on 3 pairs"
+    assert found.report()[0].startswith(
+        "accuracy against the file's gold labels (three-way: entailment / neutral / contradiction): 0.6667 on 3 pairs"
+    )
     assert agreement([(None, "neutral")]) is None
 
 
@@ -328,7 +330,7 @@ def test_a_label_run_with_gold_reports_accuracy_and_confusion(smoke_model, tmp_p
     import pyarrow.parquet as pq
 
     from spinn.labeling.label import label
-    from spinn.labeling.settings import LabelSettings
+    from spinn.labeling.label_settings import LabelSettings
 
     table = pq.read_table(smoke_model.prepared / "test.parquet", columns=["premise", "hypothesis", "label"])
     rows = [[row["premise"], row["hypothesis"], row["label"].upper()] for row in table.to_pylist()[:30]]
@@ -338,8 +340,12 @@ def test_a_label_run_with_gold_reports_accuracy_and_confusion(smoke_model, tmp_p
     predicted = pq.read_table(output, columns=["gold_label", "label"]).to_pylist()
     correct = sum(row["gold_label"] == row["label"] for row in predicted)
     report = summary.report()
-    assert f"accuracy against the file's gold labels: {correct / 30:.4f} on 30 pairs" in report
-    confusion = [line for line in report if line.startswith("  gold ")]
+    scheme = "three-way: entailment / neutral / contradiction"
+    assert any(
+        line.startswith(f"accuracy against the file's gold labels ({scheme}): {correct / 30:.4f} on 30 pairs")
+        for line in report
+    )
+    confusion = [line.split(" -> ")[1] for line in report if line.startswith("  gold ")]
     assert len(confusion) == 3
     assert sum(int(count) for line in confusion for count in re.findall(r" (\d+)", line)) == 30
 
@@ -390,7 +396,7 @@ def test_a_verified_archive_in_place_is_used_without_the_network(tmp_path: Path)
     ("rows", "workers", "shard_size", "expected"), [(30, 2, 10_000, 15), (31, 2, 10_000, 16), (100, 4, 10, 10)]
 )
 def test_a_file_gives_every_worker_a_shard(rows: int, workers: int, shard_size: int, expected: int) -> None:
-    from spinn.labeling.spread import spread_shard_size
+    from spinn.labeling.shard_plan import spread_shard_size
 
     size = spread_shard_size(rows, workers, shard_size)
     assert size == expected and -(-rows // size) >= min(workers, rows)
@@ -398,14 +404,13 @@ def test_a_file_gives_every_worker_a_shard(rows: int, workers: int, shard_size: 
 
 def test_a_small_inbox_file_is_cut_into_a_shard_per_worker(tmp_path: Path) -> None:
     """A 30-row file was one shard at the default shard_size, so one of two Dask workers sat idle."""
-    from spinn.labeling.settings import LabelSettings
-    from spinn.labeling.shards import plan_shards
-    from spinn.labeling.spread import spread_over
+    from spinn.labeling.label_settings import LabelSettings
+    from spinn.labeling.shard_plan import plan_shards, run_fingerprint, spread_over
 
     rows = [[str(index), f"A man sits number {index}.", "A man sits."] for index in range(30)]
     path = _write_csv(tmp_path / "pairs.csv", ["id", "premise", "hypothesis"], rows)
     settings = spread_over(LabelSettings(parser="model", device="cpu"), path, workers=2)
-    plan = plan_shards(path, tmp_path / "out.parquet", settings, {"model": "m"})
+    plan, _ = plan_shards(path, tmp_path / "out.parquet", settings, run_fingerprint(path, settings, {"model": "m"}))
     assert (plan.shards, plan.rows) == (2, 30)
 
 

@@ -7,7 +7,7 @@ import json
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
-from tests.test_label import smoke_pairs, write_rows
+from tests.helpers import smoke_pairs, write_rows
 
 
 def test_label_fails_in_one_line_when_every_row_is_rejected(smoke_model, tmp_path):

@@ -11,7 +11,7 @@ from spinn.cli import main
 from spinn.data.pairs import read_raw_pairs
 from spinn.data.schema import read_pairs
 from spinn.trees.transitions import check_transitions
-from tests.test_label import smoke_pairs, stanza_dir, write_rows
+from tests.helpers import smoke_pairs, stanza_dir, write_rows
 
 pytestmark = pytest.mark.stanza
 

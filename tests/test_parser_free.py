@@ -15,7 +15,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tests.test_label import smoke_pairs, write_rows
+from tests.helpers import smoke_pairs, write_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 RELEASE = ROOT / "tests" / "fixtures" / "release-0.1.0"
@@ -58,21 +58,17 @@ def test_auto_labels_spinn_and_rl_on_their_own_trees_without_stanza(smoke_model,
 
 
 def test_auto_resolves_to_the_models_own_trees_only_for_variants_that_predict_them():
-    from types import SimpleNamespace
-
     from spinn.labeling.labeller import resolve_parser
     from spinn.model.config import SPINNConfig
 
-    def loaded(variant: str) -> SimpleNamespace:
-        return SimpleNamespace(model=SimpleNamespace(config=SPINNConfig(variant=variant)))
-
-    assert {variant: resolve_parser("auto", loaded(variant)) for variant in ("pi", "pi-nt", "spinn", "rl")} == {
+    variants = ("pi", "pi-nt", "spinn", "rl")
+    assert {variant: resolve_parser("auto", SPINNConfig(variant=variant)) for variant in variants} == {
         "pi": "stanza",
         "pi-nt": "stanza",
         "spinn": "model",
         "rl": "model",
     }
-    assert resolve_parser("stanza", loaded("spinn")) == "stanza"
+    assert resolve_parser("stanza", SPINNConfig(variant="spinn")) == "stanza"
 
 
 @pytest.mark.parametrize(
@@ -88,7 +84,7 @@ def test_auto_resolves_to_the_models_own_trees_only_for_variants_that_predict_th
 def test_model_threads_split_the_usable_cores_among_the_processes_sharing_them(
     monkeypatch, threads, sharing, cores, expected
 ):
-    from spinn.labeling import settings
+    from spinn.labeling import label_settings as settings
 
     monkeypatch.setattr(settings, "usable_cores", lambda: cores)
     assert settings.model_threads(threads, sharing) == expected
@@ -102,7 +98,7 @@ def test_label_runs_on_the_cores_this_process_may_use(tmp_path):
     output = tmp_path / "labels.parquet"
     code = (
         "import os, sys; os.sched_setaffinity(0, {0});"
-        "from spinn.labeling.label import label; from spinn.labeling.settings import LabelSettings;"
+        "from spinn.labeling.label import label; from spinn.labeling.label_settings import LabelSettings;"
         f"s = label({str(RELEASE / 'pairs.parquet')!r}, {str(RELEASE / 'checkpoint.pt')!r}, {str(output)!r},"
         " LabelSettings(parser='model', device='cpu'));"
         "print(s.model_threads)"

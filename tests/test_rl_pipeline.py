@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from spinn.cli import main
 from spinn.data.schema import read_pairs
 from spinn.trees.transitions import parse_binary
-from tests.test_label import smoke_pairs, write_rows
+from tests.helpers import smoke_pairs, write_rows
 
 TINY_RL = [
     "--set",

@@ -243,11 +243,11 @@ def test_jsonl_rejects_every_bad_line_and_keeps_the_good_ones(tmp_path: Path):
         good("d", hypothesis="<absent>"),  # 6 no hypothesis
         good("e", premise=None),  # 7 null premise
         good("f", premise="   "),  # 8 whitespace premise
-        good("g", label="maybe"),  # 9 unknown label
+        good("g", label="maybe"),  # 9 a gold value in no scheme: kept, as given
         good("a"),  # 10 duplicate id
         b'{"id": "h", "premise": "caf\xe9", "hypothesis": "x"}\n',  # 11 latin-1 byte
         good("i", hypothesis=["a", "list"]),  # 12 list hypothesis
-        good("j", label=1),  # 13 number label
+        good("j", label=1),  # 13 a number label (a 0/1 scheme): kept, as text
         good("k", id=None),  # 14 null id
         good("l"),  # 15 good
         "   \n",  # 16 blank
@@ -257,6 +257,8 @@ def test_jsonl_rejects_every_bad_line_and_keeps_the_good_ones(tmp_path: Path):
     items = read_all(path)
     assert [(p.row, p.line, p.pair_id, p.label) for p in items if isinstance(p, InputPair)] == [
         (1, 1, "a", "entailment"),
+        (8, 9, "g", "maybe"),
+        (12, 13, "j", "1"),
         (14, 15, "l", "entailment"),
         (15, 17, "m", "contradiction"),
     ]
@@ -267,23 +269,20 @@ def test_jsonl_rejects_every_bad_line_and_keeps_the_good_ones(tmp_path: Path):
         (6, RejectReason.MISSING_FIELD, "hypothesis"),
         (7, RejectReason.MISSING_FIELD, "premise"),
         (8, RejectReason.EMPTY_SENTENCE, "premise"),
-        (9, RejectReason.UNKNOWN_LABEL, "label"),
         (10, RejectReason.DUPLICATE_ID, "id"),
         (11, RejectReason.MALFORMED_ENCODING, None),
         (12, RejectReason.INVALID_FIELD, "hypothesis"),
-        (13, RejectReason.INVALID_FIELD, "label"),
         (14, RejectReason.MISSING_FIELD, "id"),
     ]
     assert len(items) == sum(1 for line in lines if line.strip())  # nothing lost
     # the id each rejected row names at the top level: None where the line is unreadable or its id is
     # missing; a duplicate names the id it repeats
     ids = [item.pair_id for item in items if isinstance(item, Reject)]
-    assert ids == [None, None, "c", "d", "e", "f", "g", "a", None, "i", "j", None]
-    reject = next(r for r in items if isinstance(r, Reject) and r.reason is RejectReason.UNKNOWN_LABEL)
+    assert ids == [None, None, "c", "d", "e", "f", "a", None, "i", None]
+    reject = next(r for r in items if isinstance(r, Reject) and r.reason is RejectReason.DUPLICATE_ID)
     assert reject.file == str(path)
-    assert reject.raw == good("g", label="maybe").rstrip("\n")
-    assert "maybe" in reject.message
-    assert json.loads(reject.to_json())["reason"] == "unknown_label"
+    assert reject.raw == good("a").rstrip("\n")
+    assert json.loads(reject.to_json())["reason"] == "duplicate_id"
 
 
 def test_a_reject_is_a_plain_record_of_every_field_and_its_json_is_that_record():
@@ -322,7 +321,7 @@ def test_csv_rejects_bad_rows_and_reads_multi_line_fields(tmp_path: Path):
         b"e,Caf\xe9 au lait.,A drink.,neutral\n",  # 8 latin-1 byte
         "f,,Empty premise.,neutral\n",  # 9 empty premise
         "a,Again.,Duplicate id.,neutral\n",  # 10 duplicate id
-        "g,Fine.,Still fine.,unsure\n",  # 11 unknown label
+        "g,Fine.,Still fine.,unsure\n",  # 11 a gold value in no scheme: kept
         "h,Last.,Good.,contradiction",  # 12 good, no final newline
     ]
     path = write_lines(tmp_path / "mixed.csv", lines)
@@ -330,6 +329,7 @@ def test_csv_rejects_bad_rows_and_reads_multi_line_fields(tmp_path: Path):
     assert [(p.row, p.line, p.pair_id, p.premise) for p in items if isinstance(p, InputPair)] == [
         (1, 2, "a", "A dog runs."),
         (3, 4, "c", "A quoted\npremise, with a comma"),
+        (8, 11, "g", "Fine."),
         (9, 12, "h", "Last."),
     ]
     assert rejects(items) == [
@@ -338,7 +338,6 @@ def test_csv_rejects_bad_rows_and_reads_multi_line_fields(tmp_path: Path):
         (8, RejectReason.MALFORMED_ENCODING, None),
         (9, RejectReason.EMPTY_SENTENCE, "premise"),
         (10, RejectReason.DUPLICATE_ID, "id"),
-        (11, RejectReason.UNKNOWN_LABEL, "label"),
     ]
     assert len(items) == 9  # data rows: 11 lines after the header, one blank, one row over two lines
     assert items[1].raw == "b,Too few fields"

@@ -23,8 +23,8 @@ from spinn.data.download import DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
-from spinn.labeling.settings import LabelSettings
-from spinn.labeling.trees import TreesSettings
+from spinn.labeling.induced_trees import TreesSettings
+from spinn.labeling.label_settings import LabelSettings
 from spinn.options import SEPARATOR
 from spinn.parsing.parse import ParseSettings
 from spinn.settings import Settings, settings_type

@@ -15,12 +15,12 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
+from spinn.labeling.induced_trees import TreesSettings, induce_trees
 from spinn.labeling.label import label
-from spinn.labeling.settings import LabelSettings
-from spinn.labeling.trees import TreesSettings, induce_trees
+from spinn.labeling.label_settings import LabelSettings
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary
-from tests.test_label import smoke_pairs, write_rows
+from tests.helpers import smoke_pairs, write_rows
 
 PAIRS = 9
 BAD_ROW = 4

@@ -9,7 +9,7 @@ import click
 
 from spinn.bench import BenchSettings
 from spinn.cli.common import PATH, input_file
-from spinn.labeling.settings import LabelSettings
+from spinn.labeling.label_settings import LabelSettings
 from spinn.options import field_options, given, resolve
 
 

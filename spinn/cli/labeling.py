@@ -9,8 +9,9 @@ from typing import Any, get_args
 import click
 
 from spinn.cli.common import PATH, input_file, output_file, output_folder, output_with_suffix
-from spinn.labeling.settings import LabelSettings
-from spinn.labeling.trees import TreesSettings
+from spinn.data.label_schemes import NO_GOLD
+from spinn.labeling.induced_trees import TreesSettings
+from spinn.labeling.label_settings import LabelSettings
 from spinn.options import field_options, given, renamed_option, resolve
 from spinn.parsing.parse import ParseSettings
 from spinn.settings import Device
@@ -27,6 +28,22 @@ def _without_cache(values: dict[str, Any], no_cache: bool) -> dict[str, Any]:
     return values
 
 
+def _no_gold(command):
+    return click.option(
+        "--no-gold", is_flag=True, help="Ignore the file's gold labels (as --label-column none): nothing is scored."
+    )(command)
+
+
+def _without_gold(values: dict[str, Any], no_gold: bool) -> dict[str, Any]:
+    """--no-gold: the label column set to none."""
+    if no_gold:
+        given = values.get("columns", {}).get("label")
+        if given not in (None, NO_GOLD):
+            raise click.UsageError(f"--no-gold ignores the gold labels, and --label-column {given} names them")
+        values.setdefault("columns", {})["label"] = NO_GOLD
+    return values
+
+
 @click.command()
 @click.argument("input_path", metavar="INPUT", type=PATH, callback=input_file)
 @click.option(
@@ -36,6 +53,7 @@ def _without_cache(values: dict[str, Any], no_cache: bool) -> dict[str, Any]:
 @renamed_option("--device", "--parser-device", "old_device", type=click.Choice(get_args(Device)))
 @click.option("--split", help="Split name (default: from the file name).")
 @_no_parse_cache
+@_no_gold
 @field_options(ParseSettings)
 def parse(
     input_path: Path,
@@ -44,13 +62,14 @@ def parse(
     old_device: str | None,
     split: str | None,
     no_parse_cache: bool,
+    no_gold: bool,
     **options: Any,
 ) -> None:
     """Parse sentence pairs (CSV, TSV, JSONL, Parquet) with Stanza into prepared Parquet, like `spinn prepare`."""
     from spinn.parsing.parse import parse_pairs
 
     old = {"parsing": {"device": old_device}} if old_device else {}
-    values = _without_cache(given(ParseSettings, options), no_parse_cache)
+    values = _without_gold(_without_cache(given(ParseSettings, options), no_parse_cache), no_gold)
     settings = resolve(ParseSettings, None, old, values)
     folder = output_folder(output_dir, old_output, Path("data/prepared"))
     summary = parse_pairs(input_path, folder, settings, split=split)
@@ -64,6 +83,7 @@ def parse(
 )
 @click.option("--output", type=click.Path(), callback=output_file, required=True, help="Predictions Parquet file.")
 @_no_parse_cache
+@_no_gold
 @click.option(
     "--progress/--no-progress",
     default=None,
@@ -80,25 +100,41 @@ def label(
     model_reference: str,
     output: Path,
     no_parse_cache: bool,
+    no_gold: bool,
     progress: bool | None,
     track: bool,
     **options: Any,
 ) -> None:
     """Label sentence pairs with a trained model: label, probabilities and trees per row; resumable."""
     from spinn.labeling.label import label as label_stage
+    from spinn.labeling.summary import TooManyRejected
 
-    settings = resolve(LabelSettings, None, _without_cache(given(LabelSettings, options), no_parse_cache))
+    values = _without_gold(_without_cache(given(LabelSettings, options), no_parse_cache), no_gold)
+    settings = resolve(LabelSettings, None, values)
     shown = sys.stderr.isatty() if progress is None else progress
-    summary = label_stage(input_path, model_reference, output, settings, progress=shown)
-    click.echo("\n".join(summary.report()))
-    if track:
-        from spinn.labeling.track import LABELING_EXPERIMENT, log_label_run
-        from spinn.tracking.links import ui_hint
-        from spinn.tracking.store import tracking_uri
+    try:
+        summary = label_stage(input_path, model_reference, output, settings, progress=shown)
+    except TooManyRejected as error:  # the output is written: say what it holds, then fail
+        _report(error.summary, settings, track)
+        raise
+    _report(summary, settings, track)
 
-        tracked = log_label_run(summary, settings)
-        click.echo(f"MLflow run {tracked.run_id} (experiment {LABELING_EXPERIMENT}) in {tracking_uri()}")
-        click.echo(f"  {ui_hint(tracked.experiment_id, tracked.run_id)}")
+
+def _report(summary, settings: LabelSettings, track: bool) -> None:
+    """The summary, and with --track its MLflow run."""
+    click.echo("\n".join(summary.report()))
+    if not track:
+        return
+    from spinn.labeling.track import LABELING_EXPERIMENT, log_label_run
+    from spinn.tracking.links import ui_hint
+    from spinn.tracking.store import tracking_uri
+
+    tracked = log_label_run(summary, settings)
+    if tracked is None:
+        click.echo(f"no MLflow run logged: this run did nothing ({summary.output} is already this command's output)")
+        return
+    click.echo(f"MLflow run {tracked.run_id} (experiment {LABELING_EXPERIMENT}) in {tracking_uri()}")
+    click.echo(f"  {ui_hint(tracked.experiment_id, tracked.run_id)}")
 
 
 @click.command()
@@ -127,7 +163,7 @@ def trees(
 
     INPUT: a .txt file with one sentence per line, or a sentence-pair file (CSV, TSV, JSONL, Parquet) whose rows
     keep their pair ids as `spinn label` gives them."""
-    from spinn.labeling.trees import induce_trees
+    from spinn.labeling.induced_trees import induce_trees
 
     source = input_path or old_input
     if source is None:

@@ -29,16 +29,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, Literal, NamedTuple, get_args
+from typing import IO, Annotated, Any, Literal, NamedTuple, get_args
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
 from spinn.data.column_sidecar import sidecar_columns, sidecar_path
-from spinn.data.limits import DEFAULT_MAX_TOKENS, check_length, max_chars
+from spinn.data.label_schemes import NO_GOLD, checked_scheme
+from spinn.data.limits import TEXT_MAX_TOKENS, check_length, max_chars
 from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
-from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
+from spinn.data.schema import NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
 from spinn.settings import Settings
 
@@ -69,8 +70,9 @@ SNIFF_BYTES = 4096
 
 PREMISE_COLUMNS = ("premise", "sentence1", "sentence_A")
 HYPOTHESIS_COLUMNS = ("hypothesis", "sentence2", "sentence_B")
-ID_COLUMNS = ("id", "pair_id", "pairID", "pair_ID")
+ID_COLUMNS = ("id", "pair_id", "pairID", "pair_ID", "index")  # index: GLUE's TSV files
 LABEL_COLUMNS = ("label", "gold_label", "gold", "entailment_label", "entailment_judgment")  # the last three: SICK
+SCHEME_CLI = {"cli": "--label-scheme"}
 
 # CSV follows RFC 4180 (quoted fields may hold delimiters, quotes and newlines).
 # TSV has no quoting at all, as in SNLI, MultiNLI and GLUE: a `"` is just a character.
@@ -94,7 +96,10 @@ class Columns(Settings):
     id: str | None = Field(None, json_schema_extra={"cli": "--id-column"})
     """The pair id column (default: id, pair_id or pairID when present, else the row number)."""
     label: str | None = Field(None, json_schema_extra={"cli": "--label-column"})
-    """Gold labels, optional (default: label, gold_label, gold, entailment_label or entailment_judgment)."""
+    """Gold labels, optional (default: label, gold_label, gold, entailment_label or entailment_judgment; none)."""
+    label_scheme: Annotated[str | None, AfterValidator(checked_scheme)] = Field(None, json_schema_extra=SCHEME_CLI)
+    """Gold classes: auto (found from the values), three-way, glue, hans, scitail, or the file's own in the model's
+    order (yes/no: entailment, the rest; 0/1/2). A value outside it is warned of, and its pair labelled."""
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,7 @@ class InputPair:
     pair_id: str
     premise: str
     hypothesis: str
-    label: str | None  # one of LABELS, or None (no label column, empty, or "-")
+    label: str | None  # the gold value as given, lower case (any scheme), or None (no label column, empty, "-")
 
 
 class _Row(NamedTuple):
@@ -162,7 +167,7 @@ def detect_format(path: Path, fmt: str | None = None) -> str:
 
 
 def read_input_pairs(
-    path: Path, columns: Columns | None = None, fmt: str | None = None, *, max_tokens: int = DEFAULT_MAX_TOKENS
+    path: Path, columns: Columns | None = None, fmt: str | None = None, *, max_tokens: int = TEXT_MAX_TOKENS
 ) -> Iterator[InputPair | Reject]:
     """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now.
     A sentence longer than `max_tokens` allows in characters is rejected as too_long, before any tokenizer."""
@@ -186,13 +191,17 @@ def resolve_columns(available: Sequence[str], columns: Columns, path: Path) -> C
         hypothesis=_find_column(names, columns.hypothesis, HYPOTHESIS_COLUMNS, "hypothesis", path, required=True),
         id=_find_column(names, columns.id, ID_COLUMNS, "id", path, required=False),
         label=_find_column(names, columns.label, LABEL_COLUMNS, "label", path, required=False),
+        label_scheme=columns.label_scheme,
     )
 
 
 def _find_column(
     available: list[str], given: str | None, conventional: tuple[str, ...], role: str, path: Path, required: bool
 ) -> str | None:
-    """The column for one role; a column named explicitly must exist, as must a required one."""
+    """The column for one role; a column named explicitly must exist, as must a required one; an optional one
+    named `none` is none (--label-column none: the gold labels ignored)."""
+    if given == NO_GOLD and not required:
+        return None
     looked_for = (given,) if given is not None else conventional
     found = next((name for name in looked_for if name in available), None)
     if found is None and (required or given is not None):
@@ -274,22 +283,13 @@ def _sentence(values: Mapping[str, Any], column: str, limit: int) -> str:
 
 
 def _label(values: Mapping[str, Any], column: str | None) -> str | None:
-    """A label name, compared case-insensitively; empty and "-" (no consensus) mean unlabelled."""
+    """The gold value, lower case, in any scheme (spinn.data.label_schemes scores it), never a reason to reject
+    the row; empty and "-" (no consensus) mean unlabelled."""
     value = values.get(column) if column is not None else None
-    if value is None:
+    if value is None or isinstance(value, bool | dict | list):
         return None
-    if not isinstance(value, str):
-        raise _invalid(column, value, f"a label name ({', '.join(LABELS)})")
-    label = value.strip().lower()
-    if label in ("", NO_CONSENSUS_LABEL):
-        return None
-    if label not in LABELS:
-        raise RecordProblem(
-            RejectReason.UNKNOWN_LABEL,
-            column,
-            f"unknown label {value!r}; expected one of {', '.join(LABELS)}, '-' or empty",
-        )
-    return label
+    label = str(value).strip().lower()
+    return None if label in ("", NO_CONSENSUS_LABEL) else label
 
 
 def _pair_id(values: Mapping[str, Any], column: str | None, row: int) -> str:

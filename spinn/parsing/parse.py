@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
+from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Literal
@@ -20,11 +22,13 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import Field
 
+from spinn.data.label_schemes import three_way_label
 from spinn.data.prepare import PairWriter, PrepareSummary, infer_split
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.schema import pair_schema
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
 from spinn.data.split_files import prepared_files, with_partner
+from spinn.errors import SpinnWarning
 from spinn.io import atomic_paths, publishing
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed
@@ -126,15 +130,38 @@ def parse_pairs(
     outputs = (summary.output, summary.rejects)
     max_tokens = settings.parsing.max_tokens
     pairs = read_input_pairs(input_path, columns, input_format, max_tokens=max_tokens)  # whole-file problems: now
+    not_three_way: Counter[str] = Counter()
     with publishing(outputs, inputs=with_partner(input_path), names=(split,)):
         own_parser = parser is None
         parser = parser or _own_parser(trees, settings.parsing)
         try:
-            _write(pairs, parser, summary, trees)
+            _write(_three_way(pairs, columns.label_scheme, not_three_way), parser, summary, trees)
         finally:
             if own_parser:
                 parser.close()
+    if not_three_way:
+        values = ", ".join(f"{value!r} {rows}" for value, rows in not_three_way.most_common(10))
+        message = (
+            f"{input_path}: {sum(not_three_way.values())} rows have gold labels that are not the model's three "
+            f"classes ({values}): written without a label, since a prepared split holds those classes; "
+            "`spinn label` scores them in their own scheme"
+        )
+        warnings.warn(SpinnWarning(message), stacklevel=2)
     return summary
+
+
+def _three_way(
+    pairs: Iterator[InputPair | Reject], scheme: str | None, not_three_way: Counter[str]
+) -> Iterator[InputPair | Reject]:
+    """Each pair's gold label as one of the model's classes (a `0/1/2` scheme's `0` is entailment), or none,
+    counted, when its value is not one: a gold label never keeps a pair out."""
+    for pair in pairs:
+        if isinstance(pair, InputPair) and pair.label is not None:
+            label = three_way_label(pair.label, scheme)
+            if label is None:
+                not_three_way[pair.label] += 1
+            pair = replace(pair, label=label)
+        yield pair
 
 
 def _own_parser(trees: str, parsing: ParserSettings) -> Parser:

@@ -18,9 +18,9 @@ from typing import Any
 import pandas as pd
 from mlflow.pyfunc import PythonModel
 
-from spinn.labeling.labeller import Labeller
-from spinn.labeling.predictions import PREDICTION_COLUMNS, REJECTED_COLUMN, label_texts
-from spinn.labeling.settings import PARSER_MODEL, PARSER_STANZA, LabelSettings
+from spinn.labeling.label_settings import PARSER_MODEL, PARSER_STANZA, LabelSettings
+from spinn.labeling.labelled_rows import PREDICTION_COLUMNS, REJECTED_COLUMN, label_texts
+from spinn.labeling.labeller import Labeller, ModelSource
 from spinn.model.checkpoint import load_checkpoint
 from spinn.model.config import SPINNConfig
 from spinn.parsing.parse import SENTENCES
@@ -36,7 +36,7 @@ class SpinnModel(PythonModel):
 
     def load_context(self, context) -> None:
         checkpoint = Path(context.artifacts[CHECKPOINT_ARTIFACT])
-        self.labeller = Labeller(checkpoint, serving_settings(checkpoint, context.model_config or {}))
+        self.labeller = Labeller(ModelSource(checkpoint), serving_settings(checkpoint, context.model_config or {}))
         self.busy = threading.Lock()
         """One request at a time through the labeller: the server may call predict from several threads,
         and the parser and the model's inference step keep state between batches."""

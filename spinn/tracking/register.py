@@ -67,7 +67,7 @@ MODEL_OUTPUTS = [
     *(ColumnSpec(f"{name}_tree", "string", required=False) for name in SENTENCES),
     ColumnSpec("rejected", "string", required=False),
 ]
-"""The pyfunc's columns (spinn/labeling/predictions.py makes them; a test holds the two together). A pair the
+"""The pyfunc's columns (spinn/labeling/labelled_rows.py makes them; a test holds the two together). A pair the
 parser refuses has only `rejected` set."""
 INPUT_EXAMPLE = [
     {"premise": "A man is playing a guitar on a stage.", "hypothesis": "A man is performing music."},

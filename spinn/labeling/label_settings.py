@@ -1,7 +1,7 @@
 """What a label run is told, and what it writes: LabelSettings and the shard and output Parquet schemas.
 
 Everything here that changes the output is part of a run's plan fingerprint
-(spinn/labeling/shards.py), so a rerun with other settings never mixes
+(spinn/labeling/shard_plan.py), so a rerun with other settings never mixes
 results into a half-finished output.
 """
 
@@ -24,6 +24,8 @@ PARSER_MODEL = "model"
 PARSER_AUTO = "auto"
 Parser = Literal["auto", "stanza", "model"]
 PROBABILITY_COLUMNS = tuple(f"p_{label}" for label in LABELS)
+GOLD_COLUMN = "gold_label"
+"""The output's column of each row's gold value, as the file gives it (any scheme; None: no gold)."""
 TOKENS_KEY, UNKNOWN_TOKENS_KEY = "spinn.tokens", "spinn.unknown_tokens"
 """A labels shard's metadata: its tokens and those outside the vocabulary, so a reused shard still counts."""
 
@@ -47,7 +49,7 @@ OUTPUT_SCHEMA = pa.schema(
         *(pa.field(name, pa.float32(), nullable=False) for name in PROBABILITY_COLUMNS),
         pa.field("premise_tree", pa.string(), nullable=False),
         pa.field("hypothesis_tree", pa.string(), nullable=False),
-        pa.field("gold_label", pa.string(), nullable=True),
+        pa.field(GOLD_COLUMN, pa.string(), nullable=True),
         pa.field("model", pa.string(), nullable=False),
         pa.field("parser", pa.string(), nullable=False),
     ]
@@ -73,6 +75,9 @@ class LabelSettings(Settings):
     """torch threads for the model on CPU; auto: the cores this process may use (affinity and cgroup quota),
     or one while parser worker processes share those cores (threads that wait on each other on busy cores
     cost several times the work). The labels do not depend on it."""
+    max_rejected: float = Field(1.0, ge=0.0, le=1.0)
+    """The share of rows that may be rejected before the run fails (its output still written, the reasons in
+    its rejects file); 1.0: only a run that labels no row fails. The label-pairs flow's default is 0.1."""
     columns: Columns = Columns()
     """Which columns hold the pair."""
     input_format: Format | None = Field(None, json_schema_extra={"cli": "--format"})

@@ -1,6 +1,6 @@
-"""label_pairs(): parsed sentence pairs -> label, class probabilities and trees; the one labelling step.
+"""Labelled rows: parsed sentence pairs -> label, class probabilities and trees; the one labelling step.
 
-`spinn label`'s shards (spinn/labeling/shard.py) and the MLflow model
+`spinn label`'s shards (spinn/labeling/shard_job.py) and the MLflow model
 (spinn/serving/pyfunc.py) both call it, so a row served by `mlflow models
 serve` equals the row `spinn label` writes for the same pair: same encoding,
 same inference loop (spinn/inference/predict.py), same trees.
@@ -17,8 +17,8 @@ from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count
 from spinn.inference.finite import check_probabilities
 from spinn.inference.predict import Predictions, predict
+from spinn.labeling.label_settings import PROBABILITY_COLUMNS
 from spinn.labeling.labeller import Labeller
-from spinn.labeling.settings import PROBABILITY_COLUMNS
 from spinn.parsing.cpu import torch_threads
 from spinn.parsing.parse import SENTENCES
 from spinn.parsing.protocol import Parsed, Unparsed
@@ -26,7 +26,7 @@ from spinn.trees.transitions import format_transitions
 
 TREE_COLUMNS = tuple(f"{name}_tree" for name in SENTENCES)
 PREDICTION_COLUMNS = ("label", *PROBABILITY_COLUMNS, *TREE_COLUMNS)
-"""What label_pairs says about each pair, in this order."""
+"""What label_parsed_pairs says about each pair, in this order."""
 REJECTED_COLUMN = "rejected"
 """label_texts: why the parser refused a pair (None for a labelled pair, whose other columns are then set)."""
 
@@ -53,7 +53,7 @@ SentencePair = tuple[Sentence, Sentence]
 
 @dataclass(frozen=True)
 class Labelled:
-    """label_pairs' answer: a row per pair (PREDICTION_COLUMNS) and what the model read."""
+    """label_parsed_pairs' answer: a row per pair (PREDICTION_COLUMNS) and what the model read."""
 
     rows: list[dict]
     tokens: int
@@ -63,7 +63,7 @@ class Labelled:
     """Wall time of the model."""
 
 
-def label_pairs(
+def label_parsed_pairs(
     labeller: Labeller,
     pairs: Sequence[SentencePair],
     on_batch: Callable[[int], None] | None = None,
@@ -85,7 +85,7 @@ def label_pairs(
             examples,
             next(model.parameters()).device,
             labeller.settings.batch_size,
-            labeller.source,
+            labeller.transitions,
             step=labeller.step,
             on_batch=on_batch,
             temperature=labeller.loaded.saved.softmax_temperature,
@@ -113,7 +113,7 @@ def label_texts(labeller: Labeller, premises: Sequence[str], hypotheses: Sequenc
             parsed[index] = (Sentence.from_parsed(sentences[0]), Sentence.from_parsed(sentences[1]))
         else:
             rows[index][REJECTED_COLUMN] = failed.reason.value
-    labelled = label_pairs(labeller, list(parsed.values()))
+    labelled = label_parsed_pairs(labeller, list(parsed.values()))
     for index, row in zip(parsed, labelled.rows, strict=True):
         rows[index].update(row)
     return rows

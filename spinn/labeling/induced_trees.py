@@ -21,7 +21,7 @@ from typing import ClassVar, NamedTuple
 from pydantic import Field
 
 from spinn.data.example import Example
-from spinn.data.limits import DEFAULT_MAX_TOKENS
+from spinn.data.limits import TEXT_MAX_TOKENS
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
 from spinn.errors import SpinnError
 from spinn.inference.predict import predict
@@ -49,7 +49,8 @@ class TreesSettings(Settings):
     """How a model's own trees are drawn out."""
 
     not_on_cli: ClassVar[dict[str, str]] = {
-        "columns.label": "`spinn trees` writes trees, not labels; gold labels are for `spinn label` and `spinn parse`"
+        "columns.label": "`spinn trees` writes trees, not labels; gold labels are for `spinn label` and `spinn parse`",
+        "columns.label_scheme": "`spinn trees` writes trees, not labels; gold labels are for `spinn label`",
     }
 
     batch_size: int = Field(BATCH_SENTENCES, ge=1)
@@ -58,7 +59,7 @@ class TreesSettings(Settings):
     """How many trees the HTML page draws."""
     device: Device = "auto"
     """Where the model runs; auto: the GPU when there is one."""
-    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
+    max_tokens: int = Field(TEXT_MAX_TOKENS, ge=1)
     """A pairs file's sentence longer than this many tokens allows in characters is skipped before the
     tokenizer sees it (spinn/data/limits.py)."""
     columns: Columns = Columns()

@@ -1,0 +1,128 @@
+"""Builders shared by test modules: the smoke corpus's pairs as plain rows, files of rows, the offline Stanza set.
+
+Test modules import these from here, never from one another.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+
+def stanza_dir() -> Path:
+    folder = Path(__file__).resolve().parents[2] / "shared" / "stanza" / "stanza_resources"
+    if not folder.is_dir():
+        pytest.skip(f"the offline Stanza models {folder} are absent (../shared is not beside this checkout)")
+    return folder
+
+
+def smoke_pairs(smoke_model, count: int) -> list[dict]:
+    """The first `count` smoke test pairs as plain rows (id, premise, hypothesis, gold label)."""
+    table = pq.read_table(smoke_model.prepared / "test.parquet", columns=["pair_id", "premise", "hypothesis", "label"])
+    return [
+        {"id": row["pair_id"], "premise": row["premise"], "hypothesis": row["hypothesis"], "label": row["label"]}
+        for row in table.to_pylist()[:count]
+    ]
+
+
+def write_rows(path: Path, rows: list[dict]) -> Path:
+    """`rows` as a CSV, JSONL or (any other suffix) Parquet file."""
+    if path.suffix == ".csv":
+        with path.open("w", newline="", encoding="utf-8") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    else:
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def stop_before_the_merge(monkeypatch) -> None:
+    """The next label runs stop once every shard is labelled, before their merge publishes anything: the parts
+    folder keeps the plan and every shard, as a run killed at that moment leaves it."""
+    import spinn.labeling.label as label_module
+    from spinn.errors import SpinnError
+
+    def stopped(*args, **kwargs):
+        raise SpinnError("stopped before the merge")
+
+    monkeypatch.setattr(label_module, "merge_shards", stopped)
+
+
+def damage_shard(parts: Path, damage: str, index: int) -> str:
+    """Damage shard `index`'s files in a label run's parts folder as DAMAGES names; returns the name of the
+    file a resume must name as damaged."""
+    labels, rejects = parts / f"labels-{index:05d}.parquet", parts / f"labels-{index:05d}.rejects.jsonl"
+    pairs, input_rejects = parts / f"input-{index:05d}.parquet", parts / f"input-{index:05d}.rejects.jsonl"
+    if damage == "labels truncated":
+        labels.write_bytes(labels.read_bytes()[: labels.stat().st_size // 2])
+    elif damage == "a row twice":
+        table = pq.read_table(labels)
+        pq.write_table(pa.concat_tables([table, table.slice(0, 2)]), labels)
+    elif damage == "a row missing":
+        pq.write_table(pq.read_table(labels).slice(1), labels)
+    elif damage == "label rejects not JSON":
+        rejects.write_text("{\n", encoding="utf-8")
+    elif damage == "input deleted":
+        pairs.unlink()
+        return pairs.name
+    elif damage == "input truncated":
+        pairs.write_bytes(pairs.read_bytes()[:100])
+        return pairs.name
+    elif damage == "input rejects not JSON":
+        input_rejects.write_text("not json\n", encoding="utf-8")
+        return pairs.name
+    elif damage == "plan not JSON":
+        (parts / "plan.json").write_text("{", encoding="utf-8")
+        return "plan.json"
+    else:
+        raise ValueError(damage)
+    return labels.name
+
+
+DAMAGES = (
+    "labels truncated",
+    "a row twice",
+    "a row missing",
+    "label rejects not JSON",
+    "input deleted",
+    "input truncated",
+    "input rejects not JSON",
+    "plan not JSON",
+)
+"""What a kill, a full disk or a person leaves in a parts folder, which a resume must repair."""
+
+
+def run_table(state) -> dict[str, dict]:
+    """File name -> its row in the labelling-run table artifact that this label-pairs flow run created."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(
+                key=ArtifactFilterKey(any_=["spinn-labeling-run"]),
+                flow_run_id=ArtifactFilterFlowRunId(any_=[state.state_details.flow_run_id]),
+            )
+        )
+    assert [artifact.type for artifact in artifacts] == ["table"]
+    return {row["file"]: row for row in json.loads(artifacts[0].data)}
+
+
+def file_runs(state) -> dict[str, object]:
+    """Each label-file subflow run of this label-pairs run, by its name (`label-<file>`), from Prefect."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+
+    parent = FlowRunFilterParentFlowRunId(any_=[state.state_details.flow_run_id])
+    with get_client(sync_client=True) as client:
+        return {
+            run.name: run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=parent))
+        }
