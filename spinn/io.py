@@ -63,6 +63,21 @@ _NOT_WRITABLE = {
 """Why a file cannot be created, by errno, as the user can act on it."""
 
 
+NAME_MAX = 255
+"""Bytes in one file name on the filesystems we run on (ext4, xfs, btrfs, tmpfs, overlay)."""
+NAME_DIGEST_CHARS = 16
+
+
+def _short_enough(name: str, extra: int) -> str:
+    """`name`, or when it and the `extra` bytes a lock or temporary adds would pass NAME_MAX, its start and a
+    digest of the whole: a legal output name (up to NAME_MAX) never makes its companion files' names too long."""
+    if len(name.encode()) + extra <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:NAME_DIGEST_CHARS]
+    start = name.encode()[: NAME_MAX - extra - len(digest) - 1].decode("utf-8", "ignore")
+    return f"{start}-{digest}"
+
+
 def _read_umask() -> int:
     """The process umask. Reading it means setting it, which races with other threads (Dask workers,
     Prefect's) that create files meanwhile, so it is read once, at import, before they start."""
@@ -345,6 +360,24 @@ def lock_folder(folder: Path) -> Iterator[FolderLock]:
 
 
 @contextmanager
+def lock_output_folder(folder: Path) -> Iterator[FolderLock]:
+    """Hold the lock of an output folder, kept beside it (`.NAME.spinn.lock`), or raise FolderBusy naming
+    its holder; the record stays between runs, so the next holder finds the last one's facts.
+
+    Beside it, not inside: an orchestrator deletes a stage's output folder before it reruns the stage (DVC
+    does), and a lock file deleted with it no longer keeps out the run still writing there."""
+    folder = Path(folder)
+    with _held(folder.parent, lock_name(folder), f"{folder}: in use by", named=folder) as lock:
+        yield lock
+
+
+def lock_name(output: Path) -> str:
+    """`.NAME.spinn.lock`, the lock file beside `output`; a name too long for the filesystem once the lock's
+    dot and suffix are added keeps its start and a digest of the whole."""
+    return f".{_short_enough(Path(output).name, len(OUTPUT_LOCK_SUFFIX) + 1)}{OUTPUT_LOCK_SUFFIX}"
+
+
+@contextmanager
 def _held(
     folder: Path, name: str, busy: str, *, remove: bool = False, named: Path | None = None
 ) -> Iterator[FolderLock]:
@@ -472,9 +505,8 @@ def publishing(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names: I
     check_outputs(outputs, inputs=inputs, names=names)
     with ExitStack() as stack:
         for output in sorted(set(outputs)):
-            name = f".{output.name}{OUTPUT_LOCK_SUFFIX}"
             busy = f"{output}: being written by"
-            stack.enter_context(_held(output.parent, name, busy, remove=True, named=output))
+            stack.enter_context(_held(output.parent, lock_name(output), busy, remove=True, named=output))
         yield
 
 

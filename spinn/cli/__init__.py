@@ -28,6 +28,7 @@ from importlib import import_module
 
 import click
 
+from spinn.cli.common import SharedEntry
 from spinn.errors import SpinnError, SpinnWarning, advice, disk_full, one_line, option_name
 
 DVC_STAGE_VARIABLE = "DVC_STAGE"
@@ -52,7 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 """Command -> (module, function): the only place that says which code a command runs."""
 
 
-class _Group(click.Group):
+class _Group(SharedEntry, click.Group):
     """Loads each command from its module on use, and turns user-facing errors into one line."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:

@@ -12,10 +12,12 @@ DVC's stages keep their declared `--output-dir`.
 
 An output folder holds one run. A run holds the folder's lock while it works
 (a second run there is refused, naming it) and records its MLflow run id in
-it; a new run refuses a folder that holds an earlier run's checkpoints
-unless told to `resume` or `overwrite` it, and marks the previous holder's
-MLflow run KILLED when that one died still RUNNING (before its first
-checkpoint, say), since nothing else ever would.
+it; the lock lives beside the folder (spinn.io.lock_output_folder), since DVC
+deletes the folder itself before it reruns the stage. A new run refuses a
+folder that holds an earlier run's checkpoints unless told to `resume` or
+`overwrite` it, and marks the previous holder's MLflow run KILLED when that
+one died still RUNNING (before its first checkpoint, say), since nothing else
+ever would.
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
 from spinn.data.split_files import with_partner
 from spinn.errors import SpinnError
-from spinn.io import check_outputs, lock_folder
+from spinn.io import check_outputs, lock_output_folder
 from spinn.settings import usable_cores
 from spinn.training import distributed
 from spinn.training.build import TrainingRun, build_run
@@ -102,7 +102,7 @@ def train(
         if not topology.is_main:
             run = build_run(*paths, progress=False)
             return _follow(run, _starting_state(run, resume, overwrite=False, progress=False), tracking)
-        with lock_folder(output_dir) as lock:
+        with lock_output_folder(output_dir) as lock:
             check_folder(output_dir, resume or overwrite, tracking)
             run = build_run(*paths, progress=progress)
             run.report_every_s = report_every_s
