@@ -27,6 +27,7 @@ import socket
 import sys
 import tempfile
 import time
+import unicodedata
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
@@ -49,6 +50,8 @@ _TEMPORARY_NAME = re.compile(
 )
 """`.last.pt.4242-1a2b3c4d.x7k2m9q0.tmp`: final name, writer pid and host tag, mkstemp's random part.
 Names without the pid and host (written before they were added) match too."""
+_MKSTEMP_CHARS = 8
+"""The random part tempfile.mkstemp puts between its prefix and suffix."""
 JOURNAL_SUFFIX = ".publishing"
 _JOURNAL_NAME = re.compile(r"^\..+\.(?P<pid>\d+)-(?P<host>[0-9a-f]{8})" + re.escape(JOURNAL_SUFFIX) + "$")
 """`.out.parquet.4242-1a2b3c4d.publishing`: the first final name, the writer's pid and host tag."""
@@ -117,9 +120,9 @@ def _new_temporary(final: Path) -> Path:
     final = Path(final)
     with write_errors(final):
         final.parent.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(
-            prefix=f".{final.name}.{os.getpid()}-{_HOST_TAG}.", suffix=TEMPORARY_SUFFIX, dir=final.parent
-        )
+        writer = f".{os.getpid()}-{_HOST_TAG}."
+        stem = _short_enough(final.name, 1 + len(writer) + _MKSTEMP_CHARS + len(TEMPORARY_SUFFIX))
+        handle, name = tempfile.mkstemp(prefix=f".{stem}{writer}", suffix=TEMPORARY_SUFFIX, dir=final.parent)
     os.close(handle)
     os.chmod(name, _DEFAULT_MODE & ~_UMASK)
     return Path(name)
@@ -199,7 +202,8 @@ def atomic_paths(*finals: Path) -> Iterator[tuple[Path, ...]]:
 def _write_journal(temporaries: tuple[Path, ...], finals: tuple[Path, ...]) -> Path:
     folder = finals[0].parent
     moves = [[temporary.name, final.name] for temporary, final in zip(temporaries, finals, strict=True)]
-    journal = folder / f".{finals[0].name}.{os.getpid()}-{_HOST_TAG}{JOURNAL_SUFFIX}"
+    writer = f".{os.getpid()}-{_HOST_TAG}{JOURNAL_SUFFIX}"
+    journal = folder / f".{_short_enough(finals[0].name, 1 + len(writer))}{writer}"
     with write_errors(finals[0]):
         for temporary in temporaries:
             _fsync(temporary)
@@ -477,10 +481,17 @@ def check_outputs(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names
 
 
 def plain_file_name(name: str, what: str = "split") -> str:
-    """`name` when it can be a file name in a folder: no folder part, not `.` or `..`, nothing hidden."""
-    if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name or name.startswith("."):
+    """`name` when it can be a file name in a folder: no folder part, not `.` or `..`, nothing hidden, no
+    control character (a newline in a file name breaks every listing and log line that shows it)."""
+    if not name or name in (".", "..") or "/" in name or os.sep in name or name.startswith("."):
         raise SpinnError(f"{what} {name!r}: not a plain file name (no folders, no leading dot)")
+    if any(unicodedata.category(character) == _CONTROL for character in name):
+        raise SpinnError(f"{what} {name!r}: not a plain file name (it holds a control character)")
     return name
+
+
+_CONTROL = "Cc"
+"""Unicode's category of control characters: NUL, tab, newline, escape and the rest."""
 
 
 def _identity(path: Path) -> tuple[int, int] | str:

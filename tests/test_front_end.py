@@ -135,6 +135,15 @@ CASES = [
         "parse", rewritten("pairs.csv", parquet_bytes()), "is a Parquet file, not csv", id="parse-parquet-named-csv"
     ),
     pytest.param("trees", lambda d: ["--html", str(d / "t.txt")], "--html writes .html", id="trees-html"),
+    pytest.param(
+        "label",
+        lambda d: ["--output", str(d / "dev.rejects.jsonl")],
+        "--output writes .parquet",
+        id="label-output-suffix",
+    ),
+    pytest.param("vocab", lambda d: ["--output", str(d / "v.parquet")], "--output writes .json", id="vocab-output"),
+    *bad_config(lambda d: params(d, b"train:\n  seed: 1\n  seed: 2\n"), "key 'seed' given twice"),
+    *bad_config(lambda d: params(d, b"train:\n  seed: 1\ntrain:\n  seed: 2\n"), "key 'train' given twice"),
     pytest.param("bench", lambda d: ["--profile"], "error: --corpus: is required", id="bench-no-corpus"),
     pytest.param(
         "bench",

@@ -113,12 +113,19 @@ def output_folder(new: Path | None, old: Path | None, default: Path) -> Path:
     return new or old or default
 
 
-def output_file(_context: click.Context, _parameter: click.Parameter, value: str | None) -> Path | None:
-    """`--output` names a file: a value spelled as a folder (`data/labelled/`) is refused before any work,
-    since a Path would drop the slash that says so."""
-    if value is not None and value.endswith(("/", os.sep)):
-        raise SpinnError(f"{value}: names a folder; --output is the predictions file, e.g. {value}labels.parquet")
-    return None if value is None else Path(value)
+def output_file(*suffixes: str) -> Callable[[click.Context, click.Parameter, str | None], Path | None]:
+    """`--output` names a file of a kind its extension names: a value spelled as a folder (`data/labelled/`)
+    is refused before any work, since a Path would drop the slash that says so, and so is a wrong extension
+    (`output_with_suffix`)."""
+    suffixed = output_with_suffix(*suffixes)
+
+    def check(context: click.Context, parameter: click.Parameter, value: str | None) -> Path | None:
+        if value is not None and (value.endswith(("/", os.sep)) or Path(value).is_dir()):
+            example = f"{value}labels{suffixes[0]}"
+            raise SpinnError(f"{value}: names a folder; {parameter.opts[0]} is the predictions file, e.g. {example}")
+        return suffixed(context, parameter, value)
+
+    return check
 
 
 def output_with_suffix(*suffixes: str) -> Callable[[click.Context, click.Parameter, str | None], Path | None]:
