@@ -13,6 +13,14 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+_SECRET_PARAMETER = re.compile(
+    r"(?P<name>[?&#;](?:[^=&#;\s]*?)(?:sig|token|key|secret|pass|pwd|credential|auth|session|policy)[^=&#;\s]*=)"
+    r"(?:[^&#;:\s'\"]|:(?!\s|$))*",  # the value, up to the next parameter or the end of the URL
+    re.IGNORECASE,
+)
+"""A query or fragment parameter whose name says it holds a secret (X-Amz-Signature, X-Amz-Credential,
+X-Amz-Security-Token, Azure's sig, token, access_token, api_key, password, Policy): its value is redacted;
+other parameters (dl=1, version) are shown."""
 REDACTED = "***"
 
 
@@ -49,9 +57,11 @@ def one_line(error: BaseException) -> str:
 
 
 def redact(text: str) -> str:
-    """`https://user:token@host/x` -> `https://***@host/x`: credentials in any URL of `text` hidden, for
-    every line a command prints, logs or records (error lines, lock files, download messages)."""
-    return _URL_CREDENTIALS.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
+    """`https://user:token@host/x?X-Amz-Signature=abc` -> `https://***@host/x?X-Amz-Signature=***`:
+    credentials in any part of any URL of `text` hidden (user info, and the query's or fragment's secret
+    parameters), for every line a command prints, logs or records (error lines, lock files, messages)."""
+    text = _URL_CREDENTIALS.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
+    return _SECRET_PARAMETER.sub(lambda match: f"{match['name']}{REDACTED}", text)
 
 
 def advice(error: BaseException, name: Callable[[str], str]) -> str | None:

@@ -58,6 +58,8 @@ LOCK_DIR_VARIABLE = "SPINN_LOCK_DIR"
 """Where the lock of a store that is not a local sqlite file lives (default: the temp folder). Point it at a
 folder every process using the store sees, or registrations on different machines are not serialized."""
 LOCK_SUFFIX = ".lock"
+OWNER_ONLY = 0o600
+"""The store's lock file is private, like every lock spinn makes (spinn.io)."""
 STORE_LOCK_TIMEOUT_S = 300
 """Opening or migrating a store and registering a model take seconds; this long means something is stuck."""
 
@@ -165,7 +167,7 @@ def _lock_of(path: Path):
     """One FileLock per lock file and process: it counts nested holds, so a holder may take it again."""
     from filelock import FileLock
 
-    return FileLock(path, timeout=STORE_LOCK_TIMEOUT_S)
+    return FileLock(path, timeout=STORE_LOCK_TIMEOUT_S, mode=OWNER_ONLY)
 
 
 @contextmanager
