@@ -24,6 +24,7 @@ import json
 import os
 import re
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -519,6 +520,28 @@ def publishing(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names: I
             busy = f"{output}: being written by"
             stack.enter_context(_held(output.parent, lock_name(output), busy, remove=True, named=output))
         yield
+
+
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a named pipe (FIFO)"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+)
+
+
+def refuse_special_file(path: Path) -> Path:
+    """`path`, unless it is there and is neither a regular file nor a folder: that is one line naming it, for
+    every reader, since a named pipe blocks its reader until something writes to it and a device may never
+    end. A missing path or a folder is left to the reader, which says what it expected there."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return Path(path)
+    for special, kind in _SPECIAL_FILES:
+        if special(mode):
+            raise SpinnError(f"{path}: is {kind}, not a regular file")
+    return Path(path)
 
 
 def file_digest(path: Path, algorithm: str = "sha256") -> str:

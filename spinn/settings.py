@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from spinn.errors import SpinnError
+from spinn.io import refuse_special_file
 
 DEFAULT_PARAMS = Path("params.yaml")
 AUTO = "auto"
@@ -379,7 +380,7 @@ def load_yaml(text: str) -> Any:
 
 def read_params(path: Path) -> dict[str, Any]:
     """The params file's sections, each one PARAMS_SECTIONS names; any problem is one line naming the file."""
-    path = Path(path)
+    path = refuse_special_file(Path(path))
     try:
         data = load_yaml(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:

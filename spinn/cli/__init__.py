@@ -76,11 +76,19 @@ class _Group(SharedEntry, click.Group):
             click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
             sys.exit(EXIT_USER_ERROR)
         except Exception as error:
-            full = disk_full(error)
-            if full is None:
+            line = disk_full(error) or _unanswered(error)
+            if line is None:
                 raise
-            click.echo(f"error: {full}", err=True)
+            click.echo(f"error: {line}", err=True)
             sys.exit(EXIT_USER_ERROR)
+
+
+def _unanswered(error: BaseException) -> str | None:
+    """A tracking server that did not answer, in one line (the tracking door knows MLflow's failures; it is
+    loaded only when a command failed)."""
+    from spinn.tracking.store import unanswered
+
+    return unanswered(error)
 
 
 def _fix_words():

@@ -14,6 +14,7 @@ import click
 
 from spinn import children
 from spinn.errors import SpinnError
+from spinn.io import refuse_special_file
 
 PATH = click.Path(path_type=Path)
 
@@ -94,7 +95,7 @@ def input_file(_context: click.Context, parameter: click.Parameter, value: Path 
     says what kind of file it expected there."""
     if value is not None and not Path(value).exists():
         raise SpinnError(f"{value}: no such file")
-    return None if value is None else Path(value)
+    return None if value is None else refuse_special_file(Path(value))
 
 
 def config_option(section: str):

@@ -26,6 +26,7 @@ from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, check_le
 from spinn.data.rejects import RecordProblem, RejectReason
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
+from spinn.io import refuse_special_file
 from spinn.trees.binarize import binarize
 from spinn.trees.transitions import read_binary_parse, tree_to_transitions
 from spinn.trees.tree import CLOSE, OPEN, TreeError, parse_ptb
@@ -85,6 +86,7 @@ def open_corpus(path: Path, member: str | None = None) -> Iterator[tuple[IO[byte
         raise SpinnError(f"{path}: no such file")
     if path.is_dir():
         raise SpinnError(f"{path}: is a folder, not a corpus file")
+    refuse_special_file(path)
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
             name = _zip_member(archive, path, member)

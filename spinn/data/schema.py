@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spinn.errors import SpinnError
-from spinn.io import settle
+from spinn.io import refuse_special_file, settle
 from spinn.trees.transitions import TRANSITION_NAMES
 
 SCHEMA_VERSION = "1"
@@ -85,6 +85,7 @@ def read_pairs(path: Path, columns: list[str] | None = None) -> pa.Table:
     settle(path)
     if not path.exists():
         raise SpinnError(f"{path}: no such file")
+    refuse_special_file(path)
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as error:

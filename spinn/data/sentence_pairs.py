@@ -40,6 +40,7 @@ from spinn.data.limits import DEFAULT_MAX_TOKENS, check_length, max_chars
 from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
+from spinn.io import refuse_special_file
 from spinn.settings import Settings
 
 Format = Literal["csv", "tsv", "jsonl", "parquet"]
@@ -166,7 +167,7 @@ def read_input_pairs(
 ) -> Iterator[InputPair | Reject]:
     """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now.
     A sentence longer than `max_tokens` allows in characters is rejected as too_long, before any tokenizer."""
-    path = Path(path)
+    path = refuse_special_file(Path(path))
     if not path.is_file():
         raise SpinnError(f"{path}: no such file")
     given = (columns or Columns()).model_dump(exclude_none=True)  # over the file's sidecar, if it has one

@@ -28,6 +28,7 @@ import json
 import os
 import sqlite3
 import subprocess
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
@@ -35,7 +36,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, redact
 from spinn.io import atomic_path, tidy_folder
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -61,6 +62,10 @@ LOCK_SUFFIX = ".lock"
 OWNER_ONLY = 0o600
 """The store's lock file is private, like every lock spinn makes (spinn.io)."""
 STORE_LOCK_TIMEOUT_S = 300
+TIMEOUT_VARIABLE = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+REQUEST_LIMITS = {TIMEOUT_VARIABLE: "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+"""MLflow's own variables, set to these unless the user set them: 10 s per request, two retries (MLflow's
+backoff sleeps 2 s and 4 s between them), so a silent server is one error line within a minute."""
 """Opening or migrating a store and registering a model take seconds; this long means something is stuck."""
 
 T = TypeVar("T")
@@ -72,12 +77,43 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
 
 
+def request_limits() -> None:
+    """Give MLflow's requests to a tracking server REQUEST_LIMITS, unless the user set them: with MLflow's
+    own (120 s, 7 retries with a doubling backoff) a server that accepts and never answers held a command
+    for minutes before its traceback."""
+    for variable, value in REQUEST_LIMITS.items():
+        os.environ.setdefault(variable, value)
+
+
+def unanswered(error: BaseException) -> str | None:
+    """One line for a tracking server that did not answer (a timeout, a refused or broken connection)
+    anywhere in `error`'s chain, its URI's credentials hidden; None for any other error."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    requests = sys.modules.get("requests")
+    if requests is None or not any(isinstance(link, requests.RequestException) for link in chain):
+        return None
+    timeout = os.environ.get(TIMEOUT_VARIABLE, REQUEST_LIMITS[TIMEOUT_VARIABLE])
+    if any(isinstance(link, TimeoutError | requests.Timeout) for link in chain):
+        why = f"within {timeout} s"
+    else:
+        why = f"({type(chain[-1]).__name__}: {str(chain[-1]).splitlines()[0] if str(chain[-1]) else 'no reason'})"
+    return redact(
+        f"the MLflow tracking server {tracking_uri()} did not answer {why}; check MLFLOW_TRACKING_URI, or give "
+        f"it longer with {TIMEOUT_VARIABLE} (seconds, now {timeout})"
+    )
+
+
 def _mlflow(*, write: bool = False):
     """Import MLflow pointed at our store (imported lazily: it takes seconds), opened once per process.
 
     `write`: refuse first, in one line, a store this process cannot write to. MLflow's per-download progress
     bar is off unless the user turned it on: fetching a model's three files drew bars into every log."""
     os.environ.setdefault(ARTIFACTS_PROGRESS_BAR, "false")
+    request_limits()
     import mlflow
 
     uri = tracking_uri()
