@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, check_length, max_chars
-from spinn.data.rejects import RecordProblem, RejectReason
+from spinn.data.rejects import RecordProblem, RejectReason, not_text
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
 from spinn.io import refuse_special_file
@@ -255,9 +255,7 @@ def _required_text(record: dict[str, Any], field: str) -> str:
     if value is None or value == "":
         raise RecordProblem(RejectReason.MISSING_FIELD, field, f"field {field!r} is missing")
     if not isinstance(value, str):
-        raise RecordProblem(
-            RejectReason.INVALID_FIELD, field, f"field {field!r} is a {type(value).__name__}, expected a string"
-        )
+        raise not_text(field, value)
     return value
 
 
@@ -277,9 +275,7 @@ def sentence_transitions(
     if not text:
         raise RecordProblem(RejectReason.MISSING_FIELD, field, f"field {field!r} is missing")
     if not isinstance(text, str):
-        raise RecordProblem(
-            RejectReason.INVALID_FIELD, field, f"field {field!r} is a {type(text).__name__}, expected a string"
-        )
+        raise not_text(field, text)
     check_length(text, field, max_chars(max_tokens) * PARSE_CHARS_PER_CHAR)
     tokens, transitions = _read_tree(text, field, binary=bool(use_binary))
     twin_field, twin = (nary_field, nary) if use_binary else (binary_field, binary)

@@ -89,3 +89,21 @@ class RecordProblem(Exception):
         super().__init__(message)
         self.reason = reason
         self.field = field
+
+
+def not_text(field: str, value: Any) -> RecordProblem:
+    """The reject of a sentence (or parse) field that holds no text, said as what it holds: `field 'premise'
+    is a number, not text` (JSON's Infinity and 7, a Parquet float column), never read as the text "inf"."""
+    return RecordProblem(RejectReason.INVALID_FIELD, field, f"field {field!r} is {_kind(value)}, not text")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    return f"a {type(value).__name__}"

@@ -37,7 +37,7 @@ from pydantic import Field
 
 from spinn.data.column_sidecar import sidecar_columns, sidecar_path
 from spinn.data.limits import DEFAULT_MAX_TOKENS, check_length, max_chars
-from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
+from spinn.data.rejects import RecordProblem, Reject, RejectReason, not_text, reject_pair_id
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
 from spinn.io import refuse_special_file
@@ -266,7 +266,7 @@ def _invalid(column: str, value: Any, expected: str) -> RecordProblem:
 def _sentence(values: Mapping[str, Any], column: str, limit: int) -> str:
     value = _present(values, column)
     if not isinstance(value, str):
-        raise _invalid(column, value, "a string")
+        raise not_text(column, value)
     check_length(value, column, limit)
     sentence = value.strip()
     if not sentence:
