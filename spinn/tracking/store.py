@@ -337,8 +337,14 @@ def _unless_missing(lookup: Callable[[], T]) -> T | None:
 
 def run_exists(run_id: str) -> bool:
     """Whether `run_id` is in this store (a checkpoint may come from another machine's store)."""
+    return run_tags(run_id) is not None
+
+
+def run_tags(run_id: str) -> dict[str, str] | None:
+    """The run's tags, or None when this store does not hold the run."""
     client = _client()
-    return _unless_missing(lambda: client.get_run(run_id)) is not None
+    found = _unless_missing(lambda: client.get_run(run_id))
+    return None if found is None else dict(found.data.tags)
 
 
 def log_run_metrics(run_id: str, metrics: dict[str, float], step: int = 0) -> bool:

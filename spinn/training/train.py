@@ -37,8 +37,10 @@ from spinn.training.folders import (
     RUNS_DIR,
     check_folder,
     check_resumable,
+    check_run_of_folder,
     clear_run_files,
     close_abandoned_run,
+    folder_tags,
     holds_finished_run,
     run_folder,
 )
@@ -107,11 +109,14 @@ def train(
             run = build_run(*paths, progress=progress)
             run.report_every_s = report_every_s
             state = _starting_state(run, resume, overwrite, progress)
+            if state.run_id is not None:
+                check_run_of_folder(state.run_id, output_dir, tracking)
             close_abandoned_run(lock, state.run_id, tracking)
             with tracking.run(config.experiment, run_name, state.run_id) as run_id:
                 lock.record(**{MLFLOW_RUN_FACT: run_id})
                 if state.run_id is None:
                     state.run_id = run_id
+                    tracking.set_tags(folder_tags(output_dir))
                     log_run_start(run, tracking)
                 if not state.finished:
                     loop(run, state, tracking, progress)
