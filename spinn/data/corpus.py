@@ -22,7 +22,7 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, check_length, max_chars
+from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, check_length, check_members, max_chars
 from spinn.data.rejects import RecordProblem, RejectReason, not_text
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
@@ -90,6 +90,7 @@ def open_corpus(path: Path, member: str | None = None) -> Iterator[tuple[IO[byte
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
             name = _zip_member(archive, path, member)
+            check_members(path, [archive.getinfo(name)])
             with archive.open(name) as stream, _gzip_errors(path, name):
                 yield _maybe_gunzip(stream, name), name
         return
