@@ -8,7 +8,9 @@ cannot read): the CLI prints it as one `warning: ...` line and goes on.
 """
 
 import errno
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -116,6 +118,40 @@ def misfit_weights(path: object, expected: Mapping[str, Any], saved: Mapping[str
             )
     extra = next((name for name in saved if name not in expected), None)
     return SpinnError(f"{path}: weights do not fit the model config: the checkpoint has {extra}, the model has not")
+
+
+MLFLOW_TIMEOUT_VARIABLE = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+"""MLflow's own setting of seconds per request to a tracking server (spinn's tracking door gives it a default)."""
+
+
+def unanswered(error: BaseException) -> str | None:
+    """One line for a tracking server that did not answer (a timeout, a refused or broken connection)
+    anywhere in `error`'s chain, its URI's credentials hidden; None for any other error."""
+    chain = _chain(error)
+    requests = sys.modules.get("requests")
+    if requests is None or not any(isinstance(link, requests.RequestException) for link in chain):
+        return None
+    timeout = os.environ.get(MLFLOW_TIMEOUT_VARIABLE)
+    if any(isinstance(link, TimeoutError | requests.Timeout) for link in chain):
+        why = f"within {timeout} s"
+    else:
+        last = chain[-1]
+        why = f"({type(last).__name__}: {str(last).splitlines()[0] if str(last) else 'no reason'})"
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "the default store")
+    return redact(
+        f"the MLflow tracking server {uri} did not answer {why}; check MLFLOW_TRACKING_URI, or give it longer "
+        f"with {MLFLOW_TIMEOUT_VARIABLE} (seconds, now {timeout})"
+    )
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """`error` and every exception it was raised from or while handling, outermost first."""
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
+    return chain
 
 
 def disk_full(error: BaseException) -> str | None:

@@ -29,7 +29,7 @@ from importlib import import_module
 import click
 
 from spinn.cli.common import SharedEntry
-from spinn.errors import SpinnError, SpinnWarning, advice, disk_full, one_line, option_name
+from spinn.errors import SpinnError, SpinnWarning, advice, disk_full, one_line, option_name, unanswered
 
 DVC_STAGE_VARIABLE = "DVC_STAGE"
 
@@ -76,19 +76,11 @@ class _Group(SharedEntry, click.Group):
             click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
             sys.exit(EXIT_USER_ERROR)
         except Exception as error:
-            line = disk_full(error) or _unanswered(error)
+            line = disk_full(error) or unanswered(error)
             if line is None:
                 raise
             click.echo(f"error: {line}", err=True)
             sys.exit(EXIT_USER_ERROR)
-
-
-def _unanswered(error: BaseException) -> str | None:
-    """A tracking server that did not answer, in one line (the tracking door knows MLflow's failures; it is
-    loaded only when a command failed)."""
-    from spinn.tracking.store import unanswered
-
-    return unanswered(error)
 
 
 def _fix_words():

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spinn.errors import SpinnError
-from spinn.tracking.store import CHECKPOINT_NAME, _client, _mlflow, _unless_missing, tracking_uri, unanswered
+from spinn.errors import SpinnError, unanswered
+from spinn.tracking.store import CHECKPOINT_NAME, _client, _mlflow, _unless_missing, tracking_uri
 
 LOGGED_MODEL_ARTIFACTS_DIR = "artifacts"
 """Where a pyfunc model keeps the files it was logged with (MLflow's layout: <model>/artifacts/<file>)."""

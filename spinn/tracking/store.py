@@ -28,7 +28,6 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
@@ -36,7 +35,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from spinn.errors import SpinnError, redact
+from spinn.errors import MLFLOW_TIMEOUT_VARIABLE, SpinnError
 from spinn.io import atomic_path, tidy_folder
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
@@ -62,8 +61,7 @@ LOCK_SUFFIX = ".lock"
 OWNER_ONLY = 0o600
 """The store's lock file is private, like every lock spinn makes (spinn.io)."""
 STORE_LOCK_TIMEOUT_S = 300
-TIMEOUT_VARIABLE = "MLFLOW_HTTP_REQUEST_TIMEOUT"
-REQUEST_LIMITS = {TIMEOUT_VARIABLE: "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+REQUEST_LIMITS = {MLFLOW_TIMEOUT_VARIABLE: "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
 """MLflow's own variables, set to these unless the user set them: 10 s per request, two retries (MLflow's
 backoff sleeps 2 s and 4 s between them), so a silent server is one error line within a minute."""
 """Opening or migrating a store and registering a model take seconds; this long means something is stuck."""
@@ -83,28 +81,6 @@ def request_limits() -> None:
     for minutes before its traceback."""
     for variable, value in REQUEST_LIMITS.items():
         os.environ.setdefault(variable, value)
-
-
-def unanswered(error: BaseException) -> str | None:
-    """One line for a tracking server that did not answer (a timeout, a refused or broken connection)
-    anywhere in `error`'s chain, its URI's credentials hidden; None for any other error."""
-    chain, seen = [], set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        chain.append(error)
-        error = error.__cause__ or error.__context__
-    requests = sys.modules.get("requests")
-    if requests is None or not any(isinstance(link, requests.RequestException) for link in chain):
-        return None
-    timeout = os.environ.get(TIMEOUT_VARIABLE, REQUEST_LIMITS[TIMEOUT_VARIABLE])
-    if any(isinstance(link, TimeoutError | requests.Timeout) for link in chain):
-        why = f"within {timeout} s"
-    else:
-        why = f"({type(chain[-1]).__name__}: {str(chain[-1]).splitlines()[0] if str(chain[-1]) else 'no reason'})"
-    return redact(
-        f"the MLflow tracking server {tracking_uri()} did not answer {why}; check MLFLOW_TRACKING_URI, or give "
-        f"it longer with {TIMEOUT_VARIABLE} (seconds, now {timeout})"
-    )
 
 
 def _mlflow(*, write: bool = False):
