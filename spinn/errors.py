@@ -12,6 +12,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
@@ -156,13 +157,35 @@ def _chain(error: BaseException) -> list[BaseException]:
 
 def disk_full(error: BaseException) -> str | None:
     """One line for a full disk anywhere in `error`'s chain (a checkpoint writer's OSError, the MLflow store's
-    wrapped SQLite error), else None: the CLI's one rule for what no stage translated itself."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in DISK_FULL:
-            return "no space left on the device" + (f" writing {error.filename}" if error.filename else "")
-        if SQLITE_FULL in str(error):
-            return f"no space left on the device of the MLflow store ({SQLITE_FULL})"
-        error = error.__cause__ or error.__context__
+    wrapped SQLite error), naming the file and the device it lives on, else None: the CLI's one rule for what
+    no stage translated itself."""
+    for link in _chain(error):
+        if isinstance(link, OSError) and link.errno in DISK_FULL:
+            if not link.filename:
+                return "no space left on the device (the writer did not name its file)"
+            return f"no space left on {device_of(Path(link.filename))} writing {link.filename}"
+        if SQLITE_FULL in str(link):
+            store = _sqlite_store()
+            if store is None:
+                return f"no space left on the device of the MLflow store ({SQLITE_FULL})"
+            return f"no space left on {device_of(store)} writing the MLflow store {store} ({SQLITE_FULL})"
     return None
+
+
+def _sqlite_store() -> Path | None:
+    """The file of the sqlite MLflow store MLFLOW_TRACKING_URI names (its default, mlflow.db, when unset)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+
+
+def device_of(path: Path) -> str:
+    """`/dev/vda1 (mounted at /data)`: the filesystem `path` lives on, for a disk-full message."""
+    mount = Path(os.path.abspath(path))
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        mounts = Path("/proc/mounts").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        mounts = []
+    sources = [line.split()[0] for line in mounts if len(line.split()) > 1 and line.split()[1] == str(mount)]
+    return f"{sources[-1]} (mounted at {mount})" if sources else f"the device mounted at {mount}"

@@ -34,7 +34,7 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spinn.errors import DISK_FULL, SpinnError, redact
+from spinn.errors import DISK_FULL, SpinnError, device_of, redact
 
 _DEFAULT_MODE = 0o666  # what open() would give a new file, before the umask
 _OWNER_ONLY = 0o600
@@ -146,23 +146,10 @@ def write_errors(path: Path, *, while_writing: bool = False) -> Iterator[None]:
         yield
     except OSError as error:
         if error.errno in DISK_FULL:
-            raise SpinnError(f"no space left on {_device_of(Path(path))} writing {path}") from None
+            raise SpinnError(f"no space left on {device_of(Path(path))} writing {path}") from None
         if not while_writing and error.errno in _NOT_WRITABLE:
             raise SpinnError(f"{path}: cannot write it ({error.strerror}: {_NOT_WRITABLE[error.errno]})") from None
         raise
-
-
-def _device_of(path: Path) -> str:
-    """`/dev/vda1 (mounted at /data)`: the filesystem `path` lives on, for a disk-full message."""
-    mount = Path(os.path.abspath(path))
-    while not os.path.ismount(mount) and mount != mount.parent:
-        mount = mount.parent
-    try:
-        mounts = Path("/proc/mounts").read_text(encoding="utf-8").splitlines()
-    except OSError:
-        mounts = []
-    sources = [line.split()[0] for line in mounts if len(line.split()) > 1 and line.split()[1] == str(mount)]
-    return f"{sources[-1]} (mounted at {mount})" if sources else f"the device mounted at {mount}"
 
 
 @contextmanager

@@ -21,17 +21,17 @@ DIVERGING = 1e30
 """A learning rate that is finite (so the settings accept it) and sends the weights to NaN in a few steps."""
 
 
-def test_check_loss_and_weights_refuse_only_what_is_not_finite():
-    check_loss(1.5, 3)
+def test_check_loss_and_weights_refuse_only_what_is_not_finite(tmp_path):
+    check_loss(1.5, 3, tmp_path)
     for loss in (float("nan"), float("inf")):
         with pytest.raises(SpinnError, match="diverged by step 3"):
-            check_loss(loss, 3)
+            check_loss(loss, 3, tmp_path)
     model = torch.nn.Linear(2, 2)
-    check_weights(model, 4)
+    check_weights(model, 4, tmp_path)
     with torch.no_grad():
         model.bias[1] = float("nan")
     with pytest.raises(SpinnError, match="diverged by step 4: the model's weights are not finite"):
-        check_weights(model, 4)
+        check_weights(model, 4, tmp_path)
 
 
 def test_a_diverging_run_stops_keeping_only_finite_checkpoints(smoke_model, tmp_path, monkeypatch):

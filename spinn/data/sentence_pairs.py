@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -66,6 +67,12 @@ WIDE_TEXT_BOMS = {
 }
 """Byte order marks of the wide encodings a spreadsheet may save as "Unicode text" (longest first)."""
 SNIFF_BYTES = 4096
+NUL = b"\x00"
+WIDE_TEXT_NUL_SHARE = 4
+"""Text whose sniffed start is a quarter NUL bytes or more is UTF-16 (about half NULs for Latin text) or
+UTF-32 (three quarters), read without its BOM; a few NULs in UTF-8 text are bad bytes of their rows."""
+BARE_CR = re.compile(rb"(?<=\r)(?!\n)")
+"""The place after a CR that ends a line by itself (no line feed follows)."""
 """How much of a text file is looked at to tell its kind: enough to hold several rows of any export."""
 
 PREMISE_COLUMNS = ("premise", "sentence1", "sentence_A")
@@ -220,7 +227,7 @@ def _check_content(path: Path, fmt: str) -> None:
     encoding = next((name for bom, name in WIDE_TEXT_BOMS.items() if start.startswith(bom)), None)
     if encoding is not None:
         raise SpinnError(f"{path}: is {encoding} text; save it as UTF-8")
-    if b"\x00" in start:
+    if start.count(NUL) * WIDE_TEXT_NUL_SHARE >= len(start) > 0:  # a stray NUL spoils its own row only
         raise SpinnError(f"{path}: holds NUL bytes: UTF-16 or UTF-32 text without a BOM, or no text; save it as UTF-8")
 
 
@@ -318,17 +325,35 @@ def _open_bytes(path: Path) -> Iterator[IO[bytes]]:
 
 
 def _lines(stream: IO[bytes], path: Path) -> Iterator[_Line]:
-    """Physical lines, numbered from 1, each decoded on its own so one bad byte spoils one row only."""
+    """Physical lines, numbered from 1, each decoded on its own so one bad byte spoils one row only. A line
+    ends at a line feed, a CR LF or a bare CR (old Mac files, some exports): reading bytes splits at line
+    feeds only, and a file of bare CRs would be one line, its rows lost or merged."""
+    number = 0
     try:
-        for number, raw in enumerate(stream, start=1):
-            if number == 1:
-                raw = raw.removeprefix(UTF8_BOM)
-            try:
-                yield _Line(number, raw.decode("utf-8"), None)
-            except UnicodeDecodeError as error:
-                yield _Line(number, raw.decode("utf-8", errors="replace"), f"not UTF-8: {error.reason}")
+        for chunk in stream:
+            for raw in _at_bare_cr(chunk):
+                number += 1
+                yield _decoded(number, raw.removeprefix(UTF8_BOM) if number == 1 else raw)
     except _READ_ERRORS as error:
         raise SpinnError(f"{path}: cannot read: {error}") from None
+
+
+def _at_bare_cr(chunk: bytes) -> list[bytes]:
+    """`chunk` (up to a line feed) split after each CR that no line feed follows, each part keeping its end."""
+    if b"\r" not in chunk:
+        return [chunk]
+    return [part for part in BARE_CR.split(chunk) if part]
+
+
+def _decoded(number: int, raw: bytes) -> _Line:
+    """A line as text; a NUL byte or bytes that are not UTF-8 make it a line to reject, not the file."""
+    if NUL in raw:
+        text = raw.replace(NUL, b"").decode("utf-8", errors="replace")
+        return _Line(number, text, f"holds a NUL byte at byte {raw.index(NUL) + 1}: not text")
+    try:
+        return _Line(number, raw.decode("utf-8"), None)
+    except UnicodeDecodeError as error:
+        return _Line(number, raw.decode("utf-8", errors="replace"), f"not UTF-8: {error.reason}")
 
 
 # --------------------------------------------------------------------------- csv and tsv
