@@ -309,6 +309,8 @@ def test_push_then_pull_into_a_fresh_clone_restores_the_model(project: Project):
 
 ORPHAN_STEPS = 1000
 """Long enough that the train stage outlives ORPHAN_END_S by far, were it left running."""
+RERUN_STEPS = 6
+"""The rerun's budget: what it shows is whose files data/models holds, not a long training."""
 ORPHAN_END_S = 20
 """How long a stage orphaned by a killed `dvc repro` may take to stop: the parent poll, a step, ending the run."""
 STAGE_START_S = 300
@@ -320,8 +322,9 @@ def train_stage(dvc: int) -> int | None:
 
 
 def test_a_repro_killed_in_its_train_stage_leaves_no_orphan_and_its_rerun_one_runs_files(project: Project):
-    """SIGKILL `dvc repro` while train runs, then run `dvc repro` again: the orphaned stage stops and ends its
-    MLflow run; the rerun trains alone, into a data/models holding one run's checkpoints."""
+    """SIGKILL `dvc repro` while train runs, then run `dvc repro` again (with a short budget): the orphaned
+    stage stops and ends its MLflow run; the rerun trains alone, into a data/models holding one run's
+    checkpoints."""
     repo, env = project.repo, project.env
     set_train_params(repo, max_steps=ORPHAN_STEPS, max_epochs=ORPHAN_STEPS, eval_every=ORPHAN_STEPS, checkpoint_every=2)
     with (project.workdir / "killed-repro.log").open("w") as log:
@@ -337,10 +340,11 @@ def test_a_repro_killed_in_its_train_stage_leaves_no_orphan_and_its_rerun_one_ru
     finally:
         kill_if_running([stage] if stage else [])
     assert not (repo / "data/models/.spinn.lock").exists(), "the lock lives beside data/models, not in it"
+    set_train_params(repo, max_steps=RERUN_STEPS, eval_every=RERUN_STEPS)
     rerun = run([DVC, "repro"], repo, env)
     assert "train" in stages_run(rerun), output_of(rerun)
     best, last = (load_checkpoint(repo / "data/models" / name) for name in ("best.pt", "last.pt"))
-    assert best.run_id == last.run_id and last.step == ORPHAN_STEPS
+    assert best.run_id == last.run_id and last.step == RERUN_STEPS
     assert spinn_processes(os.getpid()) == []
     statuses = run_statuses(env["MLFLOW_TRACKING_URI"])
     assert "RUNNING" not in statuses and statuses.count("FAILED") + statuses.count("KILLED") >= 1, statuses

@@ -43,6 +43,7 @@ def test_every_command_arms_the_orphan_watch_before_any_work(command, monkeypatc
     assert armed == [True]
 
 
+@pytest.mark.slow  # two real training processes and a shell, about 30 s on two busy cores
 def test_a_training_run_whose_parent_is_killed_stops_ends_its_mlflow_run_and_lets_go(
     smoke_model, migrated_store, tmp_path
 ):
