@@ -144,6 +144,7 @@ def test_prepare_rejects_a_sentence_that_is_not_text_as_what_it_is(premise, kind
 def test_the_served_model_rejects_a_sentence_that_is_not_text(smoke_store, smoke_model):
     import mlflow.pyfunc
 
+    mlflow.set_tracking_uri(smoke_store)  # MLflow keeps the last URI any earlier test set in this process
     served = mlflow.pyfunc.load_model(smoke_model.registered)
     frame = pd.DataFrame(
         {"premise": [math.inf, 7, "A dog runs."], "hypothesis": [-math.inf, "Dogs run.", "An animal moves."]}

@@ -33,8 +33,6 @@ SAME_FILE: dict[str, Case] = {
         "x",
     ],
     "parse-onto-itself": lambda d: ["parse", str(d / "s.parquet"), "--output-dir", str(d), "--split", "s"],
-    "vocab-onto-itself": lambda d: ["vocab", str(d / "s.parquet"), "--output", str(d / "s.parquet")],
-    "vocab-onto-its-rejects": lambda d: ["vocab", str(d / "s.parquet"), "--output", str(d / "s.rejects.jsonl")],
     "download-onto-its-copy": lambda d: ["download", "--raw-dir", str(d), "--file", str(d / "snli_1.0.zip")],
     "embeddings-onto-its-vocab": lambda d: [
         "embeddings",
@@ -100,6 +98,11 @@ SAME_FILE: dict[str, Case] = {
     ],
 }
 """Each publishing command told to write over what it reads (or the file that belongs with it)."""
+WRONG_KIND: dict[str, Case] = {
+    "vocab-onto-itself": lambda d: ["vocab", str(d / "s.parquet"), "--output", str(d / "s.parquet")],
+    "vocab-onto-its-rejects": lambda d: ["vocab", str(d / "s.parquet"), "--output", str(d / "s.rejects.jsonl")],
+}
+"""Outputs over an input that the output's kind refuses first: vocab writes JSON, so --output ends .json."""
 NOT_A_FILE_NAME: dict[str, Case] = {
     "prepare-split-outside": lambda d: ["prepare", str(d / "x.jsonl"), "--output-dir", str(d / "o"), "--split", "../x"],
     "parse-split-outside": lambda d: ["parse", str(d / "x.jsonl"), "--output-dir", str(d / "o"), "--split", "../../x"],
@@ -199,6 +202,15 @@ def test_an_output_that_is_an_input_is_refused_before_any_work(case, tmp_path, m
     before = precious_inputs(folder)
     refused(SAME_FILE[case](folder), folder, before, "writing it would destroy what the command reads")
     assert sorted(path.name for path in folder.iterdir()) == sorted(INPUTS)
+
+
+@pytest.mark.parametrize("case", WRONG_KIND)
+def test_an_output_over_an_input_of_another_kind_is_refused_by_its_suffix(case, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "d"
+    folder.mkdir()
+    before = precious_inputs(folder)
+    refused(WRONG_KIND[case](folder), folder, before, "--output writes .json")
 
 
 @pytest.mark.parametrize("case", NOT_A_FILE_NAME)
