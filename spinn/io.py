@@ -24,20 +24,19 @@ import json
 import os
 import re
 import socket
-import stat
 import sys
 import tempfile
 import time
-import unicodedata
 from collections.abc import Iterable, Iterator
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from spinn.errors import DISK_FULL, SpinnError, device_of, redact
+from spinn.paths import plain_file_name
 
 _DEFAULT_MODE = 0o666  # what open() would give a new file, before the umask
-_OWNER_ONLY = 0o600
+OWNER_ONLY = 0o600
 """Lock files record their holder's command line, which may carry a secret: only their owner reads them."""
 TEMPORARY_SUFFIX = ".tmp"
 STALE_TEMPORARY_SECONDS = 24 * 60 * 60
@@ -399,8 +398,8 @@ def _acquire(path: Path, busy: str, named: Path) -> int:
     """An open descriptor of `path` holding its flock; retried when the file was replaced meanwhile."""
     while True:
         with write_errors(named):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, _OWNER_ONLY)
-            os.fchmod(fd, _OWNER_ONLY)  # a lock file made before locks were private becomes private too
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, OWNER_ONLY)
+            os.fchmod(fd, OWNER_ONLY)  # a lock file made before locks were private becomes private too
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -468,20 +467,6 @@ def check_outputs(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names
             raise SpinnError(f"{output}: {same}; writing it would destroy what the command reads")
 
 
-def plain_file_name(name: str, what: str = "split") -> str:
-    """`name` when it can be a file name in a folder: no folder part, not `.` or `..`, nothing hidden, no
-    control character (a newline in a file name breaks every listing and log line that shows it)."""
-    if not name or name in (".", "..") or "/" in name or os.sep in name or name.startswith("."):
-        raise SpinnError(f"{what} {name!r}: not a plain file name (no folders, no leading dot)")
-    if any(unicodedata.category(character) == _CONTROL for character in name):
-        raise SpinnError(f"{what} {name!r}: not a plain file name (it holds a control character)")
-    return name
-
-
-_CONTROL = "Cc"
-"""Unicode's category of control characters: NUL, tab, newline, escape and the rest."""
-
-
 def _identity(path: Path) -> tuple[int, int] | str:
     """What makes two paths one file: device and inode when it exists, else its resolved name."""
     try:
@@ -507,28 +492,6 @@ def publishing(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names: I
             busy = f"{output}: being written by"
             stack.enter_context(_held(output.parent, lock_name(output), busy, remove=True, named=output))
         yield
-
-
-_SPECIAL_FILES = (
-    (stat.S_ISFIFO, "a named pipe (FIFO)"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-)
-
-
-def refuse_special_file(path: Path) -> Path:
-    """`path`, unless it is there and is neither a regular file nor a folder: that is one line naming it, for
-    every reader, since a named pipe blocks its reader until something writes to it and a device may never
-    end. A missing path or a folder is left to the reader, which says what it expected there."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return Path(path)
-    for special, kind in _SPECIAL_FILES:
-        if special(mode):
-            raise SpinnError(f"{path}: is {kind}, not a regular file")
-    return Path(path)
 
 
 def file_digest(path: Path, algorithm: str = "sha256") -> str:

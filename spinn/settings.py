@@ -33,7 +33,7 @@ from pydantic import (
 )
 
 from spinn.errors import SpinnError
-from spinn.io import refuse_special_file
+from spinn.paths import refuse_special_file
 
 DEFAULT_PARAMS = Path("params.yaml")
 AUTO = "auto"

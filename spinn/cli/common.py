@@ -14,7 +14,7 @@ import click
 
 from spinn import children
 from spinn.errors import SpinnError
-from spinn.io import refuse_special_file
+from spinn.paths import refuse_special_file
 
 PATH = click.Path(path_type=Path)
 

@@ -26,7 +26,7 @@ from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, check_le
 from spinn.data.rejects import RecordProblem, RejectReason, not_text
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
-from spinn.io import refuse_special_file
+from spinn.paths import refuse_special_file
 from spinn.trees.binarize import binarize
 from spinn.trees.transitions import read_binary_parse, tree_to_transitions
 from spinn.trees.tree import CLOSE, OPEN, TreeError, parse_ptb

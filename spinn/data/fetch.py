@@ -26,7 +26,8 @@ import urllib3
 from tqdm import tqdm
 
 from spinn.errors import SpinnError, redact
-from spinn.io import file_digest, refuse_special_file
+from spinn.io import file_digest
+from spinn.paths import refuse_special_file
 
 CHUNK_SIZE = 1 << 20
 """Bytes per read/write: large enough to be fast, small enough to keep memory flat."""

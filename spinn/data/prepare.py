@@ -46,7 +46,8 @@ from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.data.split_files import prepared_files, with_partner
 from spinn.errors import SpinnError
-from spinn.io import atomic_paths, plain_file_name, publish, publishing, tidy_folder
+from spinn.io import atomic_paths, publish, publishing, tidy_folder
+from spinn.paths import plain_file_name
 from spinn.settings import Settings, usable_cores
 
 DEFAULT_MAX_REJECT_RATIO = 0.01

@@ -15,7 +15,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spinn.errors import SpinnError
-from spinn.io import refuse_special_file, settle
+from spinn.io import settle
+from spinn.paths import refuse_special_file
 from spinn.trees.transitions import TRANSITION_NAMES
 
 SCHEMA_VERSION = "1"

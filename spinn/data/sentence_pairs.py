@@ -21,16 +21,13 @@ sentences into SNLI's tokens where they are labelled.
 from __future__ import annotations
 
 import csv
-import gzip
 import json
-import re
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Any, Literal, NamedTuple, get_args
+from typing import Any, Literal, NamedTuple, get_args
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -40,8 +37,9 @@ from spinn.data.column_sidecar import sidecar_columns, sidecar_path
 from spinn.data.limits import DEFAULT_MAX_TOKENS, check_length, max_chars
 from spinn.data.rejects import RecordProblem, Reject, RejectReason, not_text, reject_pair_id
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
+from spinn.data.text_lines import NUL, READ_ERRORS, Line, open_bytes, text_lines
 from spinn.errors import SpinnError
-from spinn.io import refuse_special_file
+from spinn.paths import refuse_special_file
 from spinn.settings import Settings
 
 Format = Literal["csv", "tsv", "jsonl", "parquet"]
@@ -56,8 +54,6 @@ SUFFIX_FORMATS = {
 }
 TEXT_FORMATS = ("csv", "tsv", "jsonl")  # the formats that may also come gzipped
 GZIP_SUFFIX = ".gz"
-GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by content, whatever the file's name
-UTF8_BOM = b"\xef\xbb\xbf"
 PARQUET_MAGIC = b"PAR1"
 WIDE_TEXT_BOMS = {
     b"\xff\xfe\x00\x00": "UTF-32",
@@ -67,13 +63,10 @@ WIDE_TEXT_BOMS = {
 }
 """Byte order marks of the wide encodings a spreadsheet may save as "Unicode text" (longest first)."""
 SNIFF_BYTES = 4096
-NUL = b"\x00"
+"""How much of a text file is looked at to tell its kind: enough to hold several rows of any export."""
 WIDE_TEXT_NUL_SHARE = 4
 """Text whose sniffed start is a quarter NUL bytes or more is UTF-16 (about half NULs for Latin text) or
 UTF-32 (three quarters), read without its BOM; a few NULs in UTF-8 text are bad bytes of their rows."""
-BARE_CR = re.compile(rb"(?<=\r)(?!\n)")
-"""The place after a CR that ends a line by itself (no line feed follows)."""
-"""How much of a text file is looked at to tell its kind: enough to hold several rows of any export."""
 
 PREMISE_COLUMNS = ("premise", "sentence1", "sentence_A")
 HYPOTHESIS_COLUMNS = ("hypothesis", "sentence2", "sentence_B")
@@ -89,7 +82,6 @@ DIALECTS: dict[str, dict[str, Any]] = {
 JSONL_KEY_SAMPLE_ROWS = 1_000
 """JSON lines have no header: the keys of this many leading objects stand in for one."""
 PARQUET_BATCH_ROWS = 8_192
-_READ_ERRORS = (OSError, EOFError, zlib.error)
 
 
 class Columns(Settings):
@@ -124,12 +116,6 @@ class _Row(NamedTuple):
     line: int
     raw: str
     values: Mapping[str, Any] | RecordProblem
-
-
-class _Line(NamedTuple):
-    number: int
-    text: str  # decoded, newline kept; undecodable bytes shown as U+FFFD
-    encoding_error: str | None
 
 
 @dataclass(frozen=True)
@@ -218,9 +204,9 @@ def _check_content(path: Path, fmt: str) -> None:
     if fmt not in TEXT_FORMATS:
         return
     try:
-        with _open_bytes(path) as stream:
+        with open_bytes(path) as stream:
             start = stream.read(SNIFF_BYTES)
-    except _READ_ERRORS as error:
+    except READ_ERRORS as error:
         raise SpinnError(f"{path}: cannot read: {error}") from None
     if start.startswith(PARQUET_MAGIC):
         raise SpinnError(f"{path}: is a Parquet file, not {fmt}; name it .parquet")
@@ -312,62 +298,18 @@ def _pair_id(values: Mapping[str, Any], column: str | None, row: int) -> str:
     return pair_id
 
 
-# --------------------------------------------------------------------------- text files: lines
-
-
-@contextmanager
-def _open_bytes(path: Path) -> Iterator[IO[bytes]]:
-    """The file as bytes, gunzipped when its content is gzip."""
-    with open(path, "rb") as stream:
-        gzipped = stream.read(len(GZIP_MAGIC)) == GZIP_MAGIC
-        stream.seek(0)
-        yield gzip.GzipFile(fileobj=stream) if gzipped else stream
-
-
-def _lines(stream: IO[bytes], path: Path) -> Iterator[_Line]:
-    """Physical lines, numbered from 1, each decoded on its own so one bad byte spoils one row only. A line
-    ends at a line feed, a CR LF or a bare CR (old Mac files, some exports): reading bytes splits at line
-    feeds only, and a file of bare CRs would be one line, its rows lost or merged."""
-    number = 0
-    try:
-        for chunk in stream:
-            for raw in _at_bare_cr(chunk):
-                number += 1
-                yield _decoded(number, raw.removeprefix(UTF8_BOM) if number == 1 else raw)
-    except _READ_ERRORS as error:
-        raise SpinnError(f"{path}: cannot read: {error}") from None
-
-
-def _at_bare_cr(chunk: bytes) -> list[bytes]:
-    """`chunk` (up to a line feed) split after each CR that no line feed follows, each part keeping its end."""
-    if b"\r" not in chunk:
-        return [chunk]
-    return [part for part in BARE_CR.split(chunk) if part]
-
-
-def _decoded(number: int, raw: bytes) -> _Line:
-    """A line as text; a NUL byte or bytes that are not UTF-8 make it a line to reject, not the file."""
-    if NUL in raw:
-        text = raw.replace(NUL, b"").decode("utf-8", errors="replace")
-        return _Line(number, text, f"holds a NUL byte at byte {raw.index(NUL) + 1}: not text")
-    try:
-        return _Line(number, raw.decode("utf-8"), None)
-    except UnicodeDecodeError as error:
-        return _Line(number, raw.decode("utf-8", errors="replace"), f"not UTF-8: {error.reason}")
-
-
 # --------------------------------------------------------------------------- csv and tsv
 
 
-class _LineFeed:
+class LineFeed:
     """Feeds lines to csv.reader and keeps those it took, so each row knows its lines."""
 
-    def __init__(self, lines: Iterator[_Line]):
+    def __init__(self, lines: Iterator[Line]):
         self._lines = lines
-        self.taken: list[_Line] = []
+        self.taken: list[Line] = []
         self.count = 0
 
-    def __iter__(self) -> _LineFeed:
+    def __iter__(self) -> LineFeed:
         return self
 
     def __next__(self) -> str:
@@ -376,21 +318,21 @@ class _LineFeed:
         self.count = line.number
         return line.text
 
-    def take(self) -> list[_Line]:
+    def take(self) -> list[Line]:
         taken, self.taken = self.taken, []
         return taken
 
 
 @contextmanager
-def _delimited(path: Path, fmt: str) -> Iterator[tuple[Iterator[list[str]], _LineFeed, list[str]]]:
+def _delimited(path: Path, fmt: str) -> Iterator[tuple[Iterator[list[str]], LineFeed, list[str]]]:
     """An open csv reader past the header, its line feed, and the header."""
-    with _open_bytes(path) as stream:
-        feed = _LineFeed(_lines(stream, path))
+    with open_bytes(path) as stream:
+        feed = LineFeed(text_lines(stream, path))
         reader = csv.reader(feed, **DIALECTS[fmt])
         yield reader, feed, _header(reader, feed, path)
 
 
-def _header(reader: Iterator[list[str]], feed: _LineFeed, path: Path) -> list[str]:
+def _header(reader: Iterator[list[str]], feed: LineFeed, path: Path) -> list[str]:
     try:
         header = next(reader, None)
     except csv.Error as error:
@@ -431,7 +373,7 @@ def _delimited_rows(path: Path, columns: Columns, fmt: str) -> Iterator[_Row]:
 
 
 def _delimited_values(
-    fields: list[str] | csv.Error, header: list[str], lines: list[_Line], fmt: str
+    fields: list[str] | csv.Error, header: list[str], lines: list[Line], fmt: str
 ) -> Mapping[str, str] | RecordProblem:
     encoding_error = next((line.encoding_error for line in lines if line.encoding_error), None)
     if encoding_error:
@@ -448,15 +390,15 @@ def _delimited_values(
 # --------------------------------------------------------------------------- json lines
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[_Line, dict[str, Any] | RecordProblem]]:
+def _jsonl_records(path: Path) -> Iterator[tuple[Line, dict[str, Any] | RecordProblem]]:
     """Each non-blank line with its JSON object or the problem reading it."""
-    with _open_bytes(path) as stream:
-        for line in _lines(stream, path):
+    with open_bytes(path) as stream:
+        for line in text_lines(stream, path):
             if line.text.strip():
                 yield line, _json_object(line)
 
 
-def _json_object(line: _Line) -> dict[str, Any] | RecordProblem:
+def _json_object(line: Line) -> dict[str, Any] | RecordProblem:
     if line.encoding_error:
         return RecordProblem(RejectReason.MALFORMED_ENCODING, None, line.encoding_error)
     try:

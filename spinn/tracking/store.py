@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from spinn.errors import MLFLOW_TIMEOUT_VARIABLE, SpinnError
-from spinn.io import atomic_path, tidy_folder
+from spinn.io import OWNER_ONLY, atomic_path, tidy_folder
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MODEL_ARTIFACT_DIR = "model"
@@ -58,13 +58,11 @@ LOCK_DIR_VARIABLE = "SPINN_LOCK_DIR"
 """Where the lock of a store that is not a local sqlite file lives (default: the temp folder). Point it at a
 folder every process using the store sees, or registrations on different machines are not serialized."""
 LOCK_SUFFIX = ".lock"
-OWNER_ONLY = 0o600
-"""The store's lock file is private, like every lock spinn makes (spinn.io)."""
 STORE_LOCK_TIMEOUT_S = 300
-REQUEST_LIMITS = {MLFLOW_TIMEOUT_VARIABLE: "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
-"""MLflow's own variables, set to these unless the user set them: 10 s per request, two retries (MLflow's
-backoff sleeps 2 s and 4 s between them), so a silent server is one error line within a minute."""
 """Opening or migrating a store and registering a model take seconds; this long means something is stuck."""
+REQUEST_LIMITS = {MLFLOW_TIMEOUT_VARIABLE: "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+"""MLflow's own variables, unless the user set them: 10 s a request and two retries (backoff 2 s, 4 s), so a
+silent server is one error line within a minute (MLflow's 120 s and 7 doubling retries took minutes)."""
 
 T = TypeVar("T")
 _opened: set[str] = set()
@@ -76,9 +74,7 @@ def tracking_uri() -> str:
 
 
 def request_limits() -> None:
-    """Give MLflow's requests to a tracking server REQUEST_LIMITS, unless the user set them: with MLflow's
-    own (120 s, 7 retries with a doubling backoff) a server that accepts and never answers held a command
-    for minutes before its traceback."""
+    """REQUEST_LIMITS for MLflow's requests to a tracking server, unless the user set them."""
     for variable, value in REQUEST_LIMITS.items():
         os.environ.setdefault(variable, value)
 
@@ -179,7 +175,7 @@ def _lock_of(path: Path):
     """One FileLock per lock file and process: it counts nested holds, so a holder may take it again."""
     from filelock import FileLock
 
-    return FileLock(path, timeout=STORE_LOCK_TIMEOUT_S, mode=OWNER_ONLY)
+    return FileLock(path, timeout=STORE_LOCK_TIMEOUT_S, mode=OWNER_ONLY)  # private, as every spinn lock
 
 
 @contextmanager
@@ -318,8 +314,7 @@ def run_exists(run_id: str) -> bool:
 
 def run_tags(run_id: str) -> dict[str, str] | None:
     """The run's tags, or None when this store does not hold the run."""
-    client = _client()
-    found = _unless_missing(lambda: client.get_run(run_id))
+    found = _unless_missing(lambda: _client().get_run(run_id))
     return None if found is None else dict(found.data.tags)
 
 
