@@ -18,6 +18,7 @@ from typing import NoReturn
 
 import click
 
+from spinn.cli.common import SharedEntry
 from spinn.data.download import DOWNLOAD_VARIABLES, DownloadSettings
 from spinn.options import field_options, given
 from spinn.settings import DEFAULT_PARAMS, Layer, deep_merge, describe, nest, set_layer
@@ -54,7 +55,11 @@ SMOKE_OVERRIDES: dict[str, object] = {
 one, and two threads on two shared cores wait on each other), big enough to beat chance clearly."""
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+class _PipelineCommand(SharedEntry, click.Command):
+    """`spinn-pipeline` enters as every `spinn` command does (spinn.cli.common.SharedEntry)."""
+
+
+@click.command(cls=_PipelineCommand, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--smoke", is_flag=True, help="Run on a small synthetic corpus with a small model (a demo, or CI).")
 @field_options(DownloadSettings)
 @click.option("--data-dir", type=click.Path(path_type=Path), help="Data folder (default: data, or data/smoke).")

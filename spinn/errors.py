@@ -8,11 +8,22 @@ cannot read): the CLI prints it as one `warning: ...` line and goes on.
 """
 
 import errno
+import os
 import re
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 _URL_CREDENTIALS = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]*@")
+_SECRET_PARAMETER = re.compile(
+    r"(?P<name>[?&#;](?:[^=&#;\s]*?)(?:sig|token|key|secret|pass|pwd|credential|auth|session|policy)[^=&#;\s]*=)"
+    r"(?:[^&#;:\s'\"]|:(?!\s|$))*",  # the value, up to the next parameter or the end of the URL
+    re.IGNORECASE,
+)
+"""A query or fragment parameter whose name says it holds a secret (X-Amz-Signature, X-Amz-Credential,
+X-Amz-Security-Token, Azure's sig, token, access_token, api_key, password, Policy): its value is redacted;
+other parameters (dl=1, version) are shown."""
 REDACTED = "***"
 
 
@@ -49,9 +60,11 @@ def one_line(error: BaseException) -> str:
 
 
 def redact(text: str) -> str:
-    """`https://user:token@host/x` -> `https://***@host/x`: credentials in any URL of `text` hidden, for
-    every line a command prints, logs or records (error lines, lock files, download messages)."""
-    return _URL_CREDENTIALS.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
+    """`https://user:token@host/x?X-Amz-Signature=abc` -> `https://***@host/x?X-Amz-Signature=***`:
+    credentials in any part of any URL of `text` hidden (user info, and the query's or fragment's secret
+    parameters), for every line a command prints, logs or records (error lines, lock files, messages)."""
+    text = _URL_CREDENTIALS.sub(lambda match: f"{match['scheme']}{REDACTED}@", text)
+    return _SECRET_PARAMETER.sub(lambda match: f"{match['name']}{REDACTED}", text)
 
 
 def advice(error: BaseException, name: Callable[[str], str]) -> str | None:
@@ -108,15 +121,71 @@ def misfit_weights(path: object, expected: Mapping[str, Any], saved: Mapping[str
     return SpinnError(f"{path}: weights do not fit the model config: the checkpoint has {extra}, the model has not")
 
 
-def disk_full(error: BaseException) -> str | None:
-    """One line for a full disk anywhere in `error`'s chain (a checkpoint writer's OSError, the MLflow store's
-    wrapped SQLite error), else None: the CLI's one rule for what no stage translated itself."""
-    seen: set[int] = set()
+MLFLOW_TIMEOUT_VARIABLE = "MLFLOW_HTTP_REQUEST_TIMEOUT"
+"""MLflow's own setting of seconds per request to a tracking server (spinn's tracking door gives it a default)."""
+
+
+def unanswered(error: BaseException) -> str | None:
+    """One line for a tracking server that did not answer (a timeout, a refused or broken connection)
+    anywhere in `error`'s chain, its URI's credentials hidden; None for any other error."""
+    chain = _chain(error)
+    requests = sys.modules.get("requests")
+    if requests is None or not any(isinstance(link, requests.RequestException) for link in chain):
+        return None
+    timeout = os.environ.get(MLFLOW_TIMEOUT_VARIABLE)
+    if any(isinstance(link, TimeoutError | requests.Timeout) for link in chain):
+        why = f"within {timeout} s"
+    else:
+        last = chain[-1]
+        why = f"({type(last).__name__}: {str(last).splitlines()[0] if str(last) else 'no reason'})"
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "the default store")
+    return redact(
+        f"the MLflow tracking server {uri} did not answer {why}; check MLFLOW_TRACKING_URI, or give it longer "
+        f"with {MLFLOW_TIMEOUT_VARIABLE} (seconds, now {timeout})"
+    )
+
+
+def _chain(error: BaseException) -> list[BaseException]:
+    """`error` and every exception it was raised from or while handling, outermost first."""
+    chain, seen = [], set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        if isinstance(error, OSError) and error.errno in DISK_FULL:
-            return "no space left on the device" + (f" writing {error.filename}" if error.filename else "")
-        if SQLITE_FULL in str(error):
-            return f"no space left on the device of the MLflow store ({SQLITE_FULL})"
+        chain.append(error)
         error = error.__cause__ or error.__context__
+    return chain
+
+
+def disk_full(error: BaseException) -> str | None:
+    """One line for a full disk anywhere in `error`'s chain (a checkpoint writer's OSError, the MLflow store's
+    wrapped SQLite error), naming the file and the device it lives on, else None: the CLI's one rule for what
+    no stage translated itself."""
+    for link in _chain(error):
+        if isinstance(link, OSError) and link.errno in DISK_FULL:
+            if not link.filename:
+                return "no space left on the device (the writer did not name its file)"
+            return f"no space left on {device_of(Path(link.filename))} writing {link.filename}"
+        if SQLITE_FULL in str(link):
+            store = _sqlite_store()
+            if store is None:
+                return f"no space left on the device of the MLflow store ({SQLITE_FULL})"
+            return f"no space left on {device_of(store)} writing the MLflow store {store} ({SQLITE_FULL})"
     return None
+
+
+def _sqlite_store() -> Path | None:
+    """The file of the sqlite MLflow store MLFLOW_TRACKING_URI names (its default, mlflow.db, when unset)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")
+    return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]) if uri.startswith("sqlite:///") else None
+
+
+def device_of(path: Path) -> str:
+    """`/dev/vda1 (mounted at /data)`: the filesystem `path` lives on, for a disk-full message."""
+    mount = Path(os.path.abspath(path))
+    while not os.path.ismount(mount) and mount != mount.parent:
+        mount = mount.parent
+    try:
+        mounts = Path("/proc/mounts").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        mounts = []
+    sources = [line.split()[0] for line in mounts if len(line.split()) > 1 and line.split()[1] == str(mount)]
+    return f"{sources[-1]} (mounted at {mount})" if sources else f"the device mounted at {mount}"

@@ -32,10 +32,11 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spinn.errors import DISK_FULL, SpinnError, redact
+from spinn.errors import DISK_FULL, SpinnError, device_of, redact
+from spinn.paths import plain_file_name
 
 _DEFAULT_MODE = 0o666  # what open() would give a new file, before the umask
-_OWNER_ONLY = 0o600
+OWNER_ONLY = 0o600
 """Lock files record their holder's command line, which may carry a secret: only their owner reads them."""
 TEMPORARY_SUFFIX = ".tmp"
 STALE_TEMPORARY_SECONDS = 24 * 60 * 60
@@ -49,6 +50,8 @@ _TEMPORARY_NAME = re.compile(
 )
 """`.last.pt.4242-1a2b3c4d.x7k2m9q0.tmp`: final name, writer pid and host tag, mkstemp's random part.
 Names without the pid and host (written before they were added) match too."""
+_MKSTEMP_CHARS = 8
+"""The random part tempfile.mkstemp puts between its prefix and suffix."""
 JOURNAL_SUFFIX = ".publishing"
 _JOURNAL_NAME = re.compile(r"^\..+\.(?P<pid>\d+)-(?P<host>[0-9a-f]{8})" + re.escape(JOURNAL_SUFFIX) + "$")
 """`.out.parquet.4242-1a2b3c4d.publishing`: the first final name, the writer's pid and host tag."""
@@ -61,6 +64,21 @@ _NOT_WRITABLE = {
     errno.EISDIR: "it is a folder; name a file",
 }
 """Why a file cannot be created, by errno, as the user can act on it."""
+
+
+NAME_MAX = 255
+"""Bytes in one file name on the filesystems we run on (ext4, xfs, btrfs, tmpfs, overlay)."""
+NAME_DIGEST_CHARS = 16
+
+
+def _short_enough(name: str, extra: int) -> str:
+    """`name`, or when it and the `extra` bytes a lock or temporary adds would pass NAME_MAX, its start and a
+    digest of the whole: a legal output name (up to NAME_MAX) never makes its companion files' names too long."""
+    if len(name.encode()) + extra <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(name.encode()).hexdigest()[:NAME_DIGEST_CHARS]
+    start = name.encode()[: NAME_MAX - extra - len(digest) - 1].decode("utf-8", "ignore")
+    return f"{start}-{digest}"
 
 
 def _read_umask() -> int:
@@ -102,9 +120,9 @@ def _new_temporary(final: Path) -> Path:
     final = Path(final)
     with write_errors(final):
         final.parent.mkdir(parents=True, exist_ok=True)
-        handle, name = tempfile.mkstemp(
-            prefix=f".{final.name}.{os.getpid()}-{_HOST_TAG}.", suffix=TEMPORARY_SUFFIX, dir=final.parent
-        )
+        writer = f".{os.getpid()}-{_HOST_TAG}."
+        stem = _short_enough(final.name, 1 + len(writer) + _MKSTEMP_CHARS + len(TEMPORARY_SUFFIX))
+        handle, name = tempfile.mkstemp(prefix=f".{stem}{writer}", suffix=TEMPORARY_SUFFIX, dir=final.parent)
     os.close(handle)
     os.chmod(name, _DEFAULT_MODE & ~_UMASK)
     return Path(name)
@@ -127,23 +145,10 @@ def write_errors(path: Path, *, while_writing: bool = False) -> Iterator[None]:
         yield
     except OSError as error:
         if error.errno in DISK_FULL:
-            raise SpinnError(f"no space left on {_device_of(Path(path))} writing {path}") from None
+            raise SpinnError(f"no space left on {device_of(Path(path))} writing {path}") from None
         if not while_writing and error.errno in _NOT_WRITABLE:
             raise SpinnError(f"{path}: cannot write it ({error.strerror}: {_NOT_WRITABLE[error.errno]})") from None
         raise
-
-
-def _device_of(path: Path) -> str:
-    """`/dev/vda1 (mounted at /data)`: the filesystem `path` lives on, for a disk-full message."""
-    mount = Path(os.path.abspath(path))
-    while not os.path.ismount(mount) and mount != mount.parent:
-        mount = mount.parent
-    try:
-        mounts = Path("/proc/mounts").read_text(encoding="utf-8").splitlines()
-    except OSError:
-        mounts = []
-    sources = [line.split()[0] for line in mounts if len(line.split()) > 1 and line.split()[1] == str(mount)]
-    return f"{sources[-1]} (mounted at {mount})" if sources else f"the device mounted at {mount}"
 
 
 @contextmanager
@@ -184,7 +189,8 @@ def atomic_paths(*finals: Path) -> Iterator[tuple[Path, ...]]:
 def _write_journal(temporaries: tuple[Path, ...], finals: tuple[Path, ...]) -> Path:
     folder = finals[0].parent
     moves = [[temporary.name, final.name] for temporary, final in zip(temporaries, finals, strict=True)]
-    journal = folder / f".{finals[0].name}.{os.getpid()}-{_HOST_TAG}{JOURNAL_SUFFIX}"
+    writer = f".{os.getpid()}-{_HOST_TAG}{JOURNAL_SUFFIX}"
+    journal = folder / f".{_short_enough(finals[0].name, 1 + len(writer))}{writer}"
     with write_errors(finals[0]):
         for temporary in temporaries:
             _fsync(temporary)
@@ -345,6 +351,24 @@ def lock_folder(folder: Path) -> Iterator[FolderLock]:
 
 
 @contextmanager
+def lock_output_folder(folder: Path) -> Iterator[FolderLock]:
+    """Hold the lock of an output folder, kept beside it (`.NAME.spinn.lock`), or raise FolderBusy naming
+    its holder; the record stays between runs, so the next holder finds the last one's facts.
+
+    Beside it, not inside: an orchestrator deletes a stage's output folder before it reruns the stage (DVC
+    does), and a lock file deleted with it no longer keeps out the run still writing there."""
+    folder = Path(folder)
+    with _held(folder.parent, lock_name(folder), f"{folder}: in use by", named=folder) as lock:
+        yield lock
+
+
+def lock_name(output: Path) -> str:
+    """`.NAME.spinn.lock`, the lock file beside `output`; a name too long for the filesystem once the lock's
+    dot and suffix are added keeps its start and a digest of the whole."""
+    return f".{_short_enough(Path(output).name, len(OUTPUT_LOCK_SUFFIX) + 1)}{OUTPUT_LOCK_SUFFIX}"
+
+
+@contextmanager
 def _held(
     folder: Path, name: str, busy: str, *, remove: bool = False, named: Path | None = None
 ) -> Iterator[FolderLock]:
@@ -374,8 +398,8 @@ def _acquire(path: Path, busy: str, named: Path) -> int:
     """An open descriptor of `path` holding its flock; retried when the file was replaced meanwhile."""
     while True:
         with write_errors(named):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, _OWNER_ONLY)
-            os.fchmod(fd, _OWNER_ONLY)  # a lock file made before locks were private becomes private too
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, OWNER_ONLY)
+            os.fchmod(fd, OWNER_ONLY)  # a lock file made before locks were private becomes private too
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as error:
@@ -443,13 +467,6 @@ def check_outputs(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names
             raise SpinnError(f"{output}: {same}; writing it would destroy what the command reads")
 
 
-def plain_file_name(name: str, what: str = "split") -> str:
-    """`name` when it can be a file name in a folder: no folder part, not `.` or `..`, nothing hidden."""
-    if not name or name in (".", "..") or "/" in name or os.sep in name or "\0" in name or name.startswith("."):
-        raise SpinnError(f"{what} {name!r}: not a plain file name (no folders, no leading dot)")
-    return name
-
-
 def _identity(path: Path) -> tuple[int, int] | str:
     """What makes two paths one file: device and inode when it exists, else its resolved name."""
     try:
@@ -472,9 +489,8 @@ def publishing(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names: I
     check_outputs(outputs, inputs=inputs, names=names)
     with ExitStack() as stack:
         for output in sorted(set(outputs)):
-            name = f".{output.name}{OUTPUT_LOCK_SUFFIX}"
             busy = f"{output}: being written by"
-            stack.enter_context(_held(output.parent, name, busy, remove=True, named=output))
+            stack.enter_context(_held(output.parent, lock_name(output), busy, remove=True, named=output))
         yield
 
 

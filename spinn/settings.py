@@ -33,6 +33,7 @@ from pydantic import (
 )
 
 from spinn.errors import SpinnError
+from spinn.paths import refuse_special_file
 
 DEFAULT_PARAMS = Path("params.yaml")
 AUTO = "auto"
@@ -355,11 +356,33 @@ def _written_key(merged: dict[str, Any], loc: tuple[str, ...]) -> str:
 # ----------------------------------------------------------------------------- params.yaml
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """YAML's safe loader, refusing a key given twice in one mapping: plain YAML keeps the last silently, so
+    a setting written twice in params.yaml would be read as whichever came last, unnoticed."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (line {key_node.start_mark.line + 1})", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """`text` read as YAML by the one reader of settings (params.yaml, `--set` values): safe, and refusing a
+    key given twice."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506  (a SafeLoader subclass)
+
+
 def read_params(path: Path) -> dict[str, Any]:
     """The params file's sections, each one PARAMS_SECTIONS names; any problem is one line naming the file."""
-    path = Path(path)
+    path = refuse_special_file(Path(path))
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = load_yaml(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         raise SpinnError(f"{path}: no such params file") from None
     except IsADirectoryError:
@@ -406,7 +429,7 @@ def parse_override(override: str) -> tuple[str, Any]:
     if not separator or not key.strip():
         raise SpinnError(f"{SET_OPTION} {override!r}: expected KEY=VALUE, e.g. {SET_OPTION} model.d_hidden=100")
     try:
-        return key.strip(), yaml.safe_load(text)
+        return key.strip(), load_yaml(text)
     except yaml.YAMLError as error:
         problem = str(error).splitlines()[0]
         raise SpinnError(f"{SET_OPTION} {key.strip()}: the value {text!r} is not valid YAML ({problem})") from None

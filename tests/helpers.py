@@ -1,17 +1,113 @@
-"""Builders shared by test modules: the smoke corpus's pairs as plain rows, files of rows, the offline Stanza set.
-
-Test modules import these from here, never from one another.
-"""
+"""Builders that several test modules share (test modules import them from here, never from one another):
+the `spinn` executable and a tiny training command, the smoke corpus's pairs as plain rows, files of rows, the
+offline Stanza set, the one-error-line check, damaged label runs, the label flow's Prefect records, and the
+process checks of the kill tests."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+SPINN = Path(sys.executable).with_name("spinn")
+"""The `spinn` executable of the environment running the tests."""
+POLL_S = 0.1
+TINY_TRAIN_SETTINGS = ("model.d_hidden=8", "model.d_tracker=4", "model.mlp_dim=8", "threads=1")
+"""A model small enough that a step takes milliseconds: what the process tests need is a run, not a result."""
+
+
+def one_error_line(stderr: str) -> str:
+    """The command's one error line, its last word on stderr (progress bars and MLflow's notes may come
+    before it), and no traceback."""
+    errors = [line for line in stderr.strip().splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and stderr.strip().endswith(errors[0]) and "Traceback" not in stderr, stderr
+    return errors[0]
+
+
+def tiny_train_arguments(prepared: Path, output_dir: Path, *settings: str) -> list[str]:
+    """`train` on the smoke model's prepared splits, with the tiny model and `settings` (KEY=VALUE)."""
+    arguments = ["train", "--train", str(prepared / "train.parquet"), "--dev", str(prepared / "dev.parquet")]
+    arguments += ["--embeddings-dir", str(prepared.parent / "embeddings"), "--output-dir", str(output_dir)]
+    arguments += ["--no-register", "--no-progress", "--device", "cpu"]
+    for setting in (*TINY_TRAIN_SETTINGS, *settings):
+        arguments += ["--set", setting]
+    return arguments
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    """Poll `condition` until it holds; fail the test naming `what` when `timeout_s` passes first."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
+        time.sleep(POLL_S)
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, ended but not yet reaped by its new parent, does not)."""
+    try:
+        status = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return status.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, from /proc."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                found.append(int(entry.name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children first."""
+    found = children(pid)
+    return found + [grandchild for child in found for grandchild in descendants(child)]
+
+
+def command_line(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+    except OSError:
+        return []
+
+
+def spinn_processes(root: int) -> list[int]:
+    """The `spinn` commands running below process `root`."""
+    return [pid for pid in descendants(root) if any(word.endswith(f"/{SPINN.name}") for word in command_line(pid))]
+
+
+def kill_if_running(pids: list[int]) -> None:
+    """End what a failed test left running, by id (a process ended meanwhile is skipped)."""
+    for pid in pids:
+        if running(pid):
+            try:
+                os.kill(pid, 9)
+            except ProcessLookupError:
+                pass
+
+
+def run_statuses(uri: str) -> list[str]:
+    """The status of every run in the store, whatever its experiment."""
+    import mlflow
+
+    client = mlflow.MlflowClient(uri)
+    experiments = [experiment.experiment_id for experiment in client.search_experiments()]
+    return [run.info.status for run in client.search_runs(experiments)]
 
 
 def stanza_dir() -> Path:

@@ -130,4 +130,4 @@ def test_old_option_spellings_still_work_with_a_warning(snli_train_sample, tmp_p
     missing = spinn("trees", "--input", str(tmp_path / "none.txt"), "--model", "m.pt", "--output", "t.txt")
     assert "warning: --input is deprecated" in missing.stderr and "error:" in missing.stderr
     neither = spinn("trees", "--model", "m.pt", "--output", "t.txt")
-    assert neither.returncode == 2 and "Missing argument 'INPUT'" in neither.stderr
+    assert neither.returncode == 2 and "error: missing argument 'INPUT'" in neither.stderr

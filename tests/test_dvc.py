@@ -34,8 +34,10 @@ import yaml
 from spinn.data.schema import NO_CONSENSUS_LABEL
 from spinn.data.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
 from spinn.io import file_digest
+from spinn.model.checkpoint import load_checkpoint
 from tests.checkout import copy_checkout
 from tests.conftest import copy_store
+from tests.helpers import command_line, kill_if_running, run_statuses, running, spinn_processes, wait_for
 from tests.httpserver import LocalServer
 
 pytestmark = pytest.mark.slow
@@ -307,3 +309,46 @@ def test_push_then_pull_into_a_fresh_clone_restores_the_model(project: Project):
     assert UP_TO_DATE in output_of(run([DVC, "status"], clone, env))
     assert sha256(clone / MODEL) == sha256(repo / MODEL)
     assert sha256(clone / "data/raw/snli_1.0.zip") == sha256(project.corpus)
+
+
+ORPHAN_STEPS = 1000
+"""Long enough that the train stage outlives ORPHAN_END_S by far, were it left running."""
+RERUN_STEPS = 6
+"""The rerun's budget: what it shows is whose files data/models holds, not a long training."""
+ORPHAN_END_S = 20
+"""How long a stage orphaned by a killed `dvc repro` may take to stop: the parent poll, a step, ending the run."""
+STAGE_START_S = 300
+
+
+def train_stage(dvc: int) -> int | None:
+    """The `spinn train` process below the `dvc repro` process `dvc`, once it runs."""
+    return next((pid for pid in spinn_processes(dvc) if "train" in command_line(pid)), None)
+
+
+def test_a_repro_killed_in_its_train_stage_leaves_no_orphan_and_its_rerun_one_runs_files(project: Project):
+    """SIGKILL `dvc repro` while train runs, then run `dvc repro` again (with a short budget): the orphaned
+    stage stops and ends its MLflow run; the rerun trains alone, into a data/models holding one run's
+    checkpoints."""
+    repo, env = project.repo, project.env
+    set_train_params(repo, max_steps=ORPHAN_STEPS, max_epochs=ORPHAN_STEPS, eval_every=ORPHAN_STEPS, checkpoint_every=2)
+    with (project.workdir / "killed-repro.log").open("w") as log:
+        job = subprocess.Popen([DVC, "repro"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
+    stage = None
+    try:
+        wait_for(lambda: train_stage(job.pid) is not None, STAGE_START_S, "the train stage to start")
+        stage = train_stage(job.pid)
+        wait_for(lambda: (repo / MODEL).with_name("last.pt").exists(), STAGE_START_S, "its first checkpoint")
+        job.kill()
+        job.wait()
+        wait_for(lambda: not running(stage), ORPHAN_END_S, f"the orphaned train stage {stage} to stop")
+    finally:
+        kill_if_running([stage] if stage else [])
+    assert not (repo / "data/models/.spinn.lock").exists(), "the lock lives beside data/models, not in it"
+    set_train_params(repo, max_steps=RERUN_STEPS, eval_every=RERUN_STEPS)
+    rerun = run([DVC, "repro"], repo, env)
+    assert "train" in stages_run(rerun), output_of(rerun)
+    best, last = (load_checkpoint(repo / "data/models" / name) for name in ("best.pt", "last.pt"))
+    assert best.run_id == last.run_id and last.step == RERUN_STEPS
+    assert spinn_processes(os.getpid()) == []
+    statuses = run_statuses(env["MLFLOW_TRACKING_URI"])
+    assert "RUNNING" not in statuses and statuses.count("FAILED") + statuses.count("KILLED") >= 1, statuses

@@ -182,13 +182,14 @@ def label_args(source: Path, smoke_model, output: str) -> list[str]:
     return ["label", str(source), "--model", str(smoke_model.checkpoint), "--output", output, "--parser", "model"]
 
 
-@pytest.mark.parametrize("suffix", [".csv", ".parquet"])
-def test_label_refuses_to_write_over_its_input(smoke_model, tmp_path, suffix):
+@pytest.mark.parametrize(("suffix", "refused"), [(".csv", "--output writes .parquet"), (".parquet", "is the input")])
+def test_label_refuses_to_write_over_its_input(smoke_model, tmp_path, suffix, refused):
+    """A CSV input never gets that far: label's output is Parquet, so its name must end .parquet."""
     source = write_rows(tmp_path / f"pairs{suffix}", smoke_pairs(smoke_model, 3))
     before = source.read_bytes()
     result = spinn(*label_args(source, smoke_model, str(source)))
     assert result.returncode == 1
-    assert f"{source}: is the input" in one_error_line(result.stderr)
+    assert f"{source}: {refused}" in one_error_line(result.stderr)
     assert source.read_bytes() == before and not parts_folder(source).exists()
 
 
@@ -202,12 +203,13 @@ def test_label_refuses_a_rejects_file_over_its_input(smoke_model, tmp_path):
 
 
 def test_label_refuses_to_write_over_its_model_or_parse_cache(smoke_model, tmp_path):
+    """Files named as label's output is (.parquet), so that the name alone does not refuse them."""
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 3))
-    model = tmp_path / "model.pt"
+    model = tmp_path / "model.parquet"
     shutil.copyfile(smoke_model.checkpoint, model)
     result = spinn("label", str(source), "--model", str(model), "--output", str(model), "--parser", "model")
     assert result.returncode == 1 and f"{model}: is the input" in one_error_line(result.stderr)
-    cache = tmp_path / "parses.sqlite"
+    cache = tmp_path / "parses.parquet"
     cache.write_bytes(b"")
     result = spinn(*label_args(source, smoke_model, str(cache)), "--parse-cache", str(cache))
     assert result.returncode == 1 and f"{cache}: is the input" in one_error_line(result.stderr)

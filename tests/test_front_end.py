@@ -135,6 +135,15 @@ CASES = [
         "parse", rewritten("pairs.csv", parquet_bytes()), "is a Parquet file, not csv", id="parse-parquet-named-csv"
     ),
     pytest.param("trees", lambda d: ["--html", str(d / "t.txt")], "--html writes .html", id="trees-html"),
+    pytest.param(
+        "label",
+        lambda d: ["--output", str(d / "dev.rejects.jsonl")],
+        "--output writes .parquet",
+        id="label-output-suffix",
+    ),
+    pytest.param("vocab", lambda d: ["--output", str(d / "v.parquet")], "--output writes .json", id="vocab-output"),
+    *bad_config(lambda d: params(d, b"train:\n  seed: 1\n  seed: 2\n"), "key 'seed' given twice"),
+    *bad_config(lambda d: params(d, b"train:\n  seed: 1\ntrain:\n  seed: 2\n"), "key 'train' given twice"),
     pytest.param("bench", lambda d: ["--profile"], "error: --corpus: is required", id="bench-no-corpus"),
     pytest.param(
         "bench",
@@ -182,3 +191,70 @@ def test_a_front_end_mistake_is_one_error_line_before_any_work(command, mistake,
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0], result.stderr
     assert not CLASS_NAME.search(lines[0]), lines[0]
     assert not {"out", "raw", "data"} & {path.name for path in folder.iterdir()}
+
+
+# ----------------------------------------------------------------------------- issue 32, class 7: the parser's own
+
+EXIT_USAGE = 2
+"""click's (and POSIX's) status for a command line the parser refuses; README says so."""
+USAGE_MISTAKES = [
+    *[
+        pytest.param(command, ["--no-such-flag"], "no such option '--no-such-flag'", id=f"{command}-unknown-flag")
+        for command in INPUTS
+    ],
+    pytest.param(
+        "spinn-pipeline", ["--no-such-flag"], "no such option '--no-such-flag'", id="spinn-pipeline-unknown-flag"
+    ),
+    pytest.param("relog-model", [], "missing argument 'model'", id="relog-model-missing-argument"),
+    pytest.param("nosuch", [], "no such command 'nosuch'", id="unknown-command"),
+    pytest.param("label", ["--parser", "psychic"], "invalid value for '--parser'", id="label-bad-choice"),
+    pytest.param("train", ["--device", "tpu"], "invalid value for '--device'", id="train-bad-choice"),
+    pytest.param("bench", ["--variant", "nope"], "invalid value for '--variant'", id="bench-bad-choice"),
+    pytest.param(
+        "spinn-pipeline", ["--corpus", "imdb"], "invalid value for '--corpus'", id="spinn-pipeline-bad-choice"
+    ),
+    pytest.param("prepare", ["--max-reject-ratio", "2"], "invalid value for '--max-reject-ratio'", id="prepare-range"),
+    pytest.param("check-binarization", ["--show", "-1"], "invalid value for '--show'", id="check-binarization-range"),
+    pytest.param("evaluate", ["--batch-size", "0"], "invalid value for '--batch-size'", id="evaluate-range"),
+    pytest.param("prepare", ["--split"], "option '--split' requires an argument", id="prepare-no-value"),
+    pytest.param("check-tokens", [], "missing argument 'file'", id="check-tokens-missing-argument"),
+]
+REQUIRED_OPTIONS = {"label": "--model", "evaluate": "--data", "trees": "--output", "bench-label": "--model"}
+"""A required option of each command that has one, left off by the case."""
+
+
+def without(arguments: list[str], option: str) -> list[str]:
+    at = arguments.index(option)
+    return arguments[:at] + arguments[at + 2 :]
+
+
+@pytest.mark.parametrize(
+    ("command", "mistake", "expected"),
+    [
+        *USAGE_MISTAKES,
+        *[
+            pytest.param(command, None, f"missing option '{option}'", id=f"{command}-missing-{option}")
+            for command, option in REQUIRED_OPTIONS.items()
+        ],
+    ],
+)
+def test_a_usage_mistake_is_one_error_line_for_every_command(command, mistake, expected, tmp_path, monkeypatch):
+    """Missing options and arguments, bad choices, values out of range, unknown flags and commands: click's
+    three-line `Usage:`/`Error:` block becomes the one `error:` line, exit status 2, for `spinn` and
+    `spinn-pipeline` alike."""
+    from flows.main import main as pipeline
+
+    monkeypatch.chdir(tmp_path)
+    folder = inputs(tmp_path)
+    if command == "spinn-pipeline":
+        entry, arguments = pipeline, mistake
+    else:
+        given = INPUTS[command](folder) if command in INPUTS else []
+        if mistake is None:
+            given = without(given, REQUIRED_OPTIONS[command])
+        entry, arguments = main, [command, *given, *(mistake or [])]
+    result = CliRunner().invoke(entry, arguments)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == EXIT_USAGE, (result.output, result.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0].lower(), result.stderr
+    assert "--help" in lines[0] and not {"out", "raw", "data"} & {path.name for path in folder.iterdir()}

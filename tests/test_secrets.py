@@ -27,6 +27,20 @@ OWNER_ONLY = 0o600
         (f"spinn download --url s3://key:{SECRET}@bucket/x.zip", "spinn download --url s3://***@bucket/x.zip"),
         ("https://host/x.zip?user@example", "https://host/x.zip?user@example"),
         ("mail me at someone@example.com", "mail me at someone@example.com"),
+        (
+            f"https://b.s3.amazonaws.com/x.zip?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=AKIA%2F2026"
+            f"&X-Amz-Signature={SECRET}&X-Amz-Security-Token={SECRET}: 403",
+            "https://b.s3.amazonaws.com/x.zip?X-Amz-Algorithm=AWS4-HMAC-SHA256&X-Amz-Credential=***"
+            "&X-Amz-Signature=***&X-Amz-Security-Token=***: 403",
+        ),
+        (
+            f"https://a.blob.core.windows.net/c/x.zip?sv=2024&sig={SECRET}",
+            "https://a.blob.core.windows.net/c/x.zip?sv=2024&sig=***",
+        ),
+        (f"http://host/x.zip?token={SECRET}; retry", "http://host/x.zip?token=***; retry"),
+        (f"https://u:{SECRET}@host/x?access_token={SECRET}#k", "https://***@host/x?access_token=***#k"),
+        (f"https://host/cb#access_token={SECRET}&state=1", "https://host/cb#access_token=***&state=1"),
+        ("https://host/x.zip?dl=1&version=2", "https://host/x.zip?dl=1&version=2"),
     ],
 )
 def test_credentials_in_a_url_are_redacted(text, shown):
@@ -40,12 +54,27 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_a_failed_download_does_not_echo_its_credentials(tmp_path):
-    url = f"http://user:{SECRET}@127.0.0.1:{free_port()}/snli_1.0.zip"
+@pytest.mark.parametrize(
+    ("where", "shown"), [(f"user:{SECRET}@", "***@127.0.0.1"), ("", "X-Amz-Signature=***&token=***")]
+)
+def test_a_failed_download_does_not_echo_its_credentials(where, shown, tmp_path):
+    url = f"http://{where}127.0.0.1:{free_port()}/snli_1.0.zip"
+    url += "" if where else f"?X-Amz-Signature={SECRET}&token={SECRET}"
     result = CliRunner().invoke(main, ["download", "--raw-dir", str(tmp_path), "--url", url])
     assert result.exit_code == EXIT_USER_ERROR, result.output
-    assert result.stderr.startswith("error: ") and "***@127.0.0.1" in result.stderr
+    assert result.stderr.startswith("error: ") and shown in result.stderr
     assert SECRET not in result.output + result.stderr
+
+
+@pytest.mark.parametrize("store", ["sqlite", "server"])
+def test_the_mlflow_store_lock_is_private_like_every_other_lock(store, tmp_path, monkeypatch):
+    from spinn.tracking.store import store_lock, store_lock_path
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}" if store == "sqlite" else "http://127.0.0.1:1"
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
+    monkeypatch.setenv("SPINN_LOCK_DIR", str(tmp_path / "locks"))
+    with store_lock():
+        assert stat.S_IMODE(store_lock_path(uri).stat().st_mode) == OWNER_ONLY
 
 
 @pytest.mark.parametrize("lock", ["folder", "output"])

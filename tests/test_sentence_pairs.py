@@ -345,7 +345,8 @@ def test_csv_rejects_bad_rows_and_reads_multi_line_fields(tmp_path: Path):
 
 
 def test_csv_error_becomes_a_malformed_row(tmp_path: Path):
-    path = write_lines(tmp_path / "cr.csv", ["premise,hypothesis\n", "A\rB,C\n", "D,E\n"])
+    """A field past csv's own size limit (a bare CR, which csv also refused, now ends a line)."""
+    path = write_lines(tmp_path / "big.csv", ["premise,hypothesis\n", "A" * 200_000 + ",C\n", "D,E\n"])
     items = read_all(path)
     assert rejects(items) == [(2, RejectReason.MALFORMED_ROW, None)]
     assert summary(items) == [(2, "2", "D", "E", None)]

@@ -526,9 +526,10 @@ def test_the_command_refuses_a_folder_holding_an_earlier_run_in_one_line(prepare
 
 
 def test_a_second_run_in_a_busy_folder_is_refused(prepared, workdir):
-    from spinn.io import FolderBusy, lock_folder
+    from spinn.io import FolderBusy, lock_output_folder
 
-    with lock_folder(workdir / "m"), pytest.raises(FolderBusy, match=f"in use by another run: pid {os.getpid()}"):
+    busy = f"in use by another run: pid {os.getpid()}"
+    with lock_output_folder(workdir / "m"), pytest.raises(FolderBusy, match=busy):
         short_run(prepared, workdir / "m")
 
 

@@ -28,7 +28,8 @@ from importlib import import_module
 
 import click
 
-from spinn.errors import SpinnError, SpinnWarning, advice, disk_full, one_line, option_name
+from spinn.cli.common import SharedEntry
+from spinn.errors import SpinnError, SpinnWarning, advice, disk_full, one_line, option_name, unanswered
 
 DVC_STAGE_VARIABLE = "DVC_STAGE"
 
@@ -52,7 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
 """Command -> (module, function): the only place that says which code a command runs."""
 
 
-class _Group(click.Group):
+class _Group(SharedEntry, click.Group):
     """Loads each command from its module on use, and turns user-facing errors into one line."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
@@ -75,10 +76,10 @@ class _Group(click.Group):
             click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
             sys.exit(EXIT_USER_ERROR)
         except Exception as error:
-            full = disk_full(error)
-            if full is None:
+            line = disk_full(error) or unanswered(error)
+            if line is None:
                 raise
-            click.echo(f"error: {full}", err=True)
+            click.echo(f"error: {line}", err=True)
             sys.exit(EXIT_USER_ERROR)
 
 

@@ -7,7 +7,7 @@ from typing import Any, get_args
 
 import click
 
-from spinn.cli.common import PATH, config_option, input_file, output_folder
+from spinn.cli.common import PATH, config_option, input_file, output_folder, output_with_suffix
 from spinn.data.download import CorpusName, DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
@@ -77,7 +77,9 @@ def prepare(
 
 @click.command()
 @click.argument("train", type=PATH, callback=input_file)
-@click.option("--output", type=PATH, help="Where to write (default: vocab.json beside TRAIN).")
+@click.option(
+    "--output", callback=output_with_suffix(".json"), help="Where to write (default: vocab.json beside TRAIN)."
+)
 @config_option("vocab")
 @field_options(VocabSettings)
 def vocab(train: Path, output: Path | None, config_path: Path | None, **options: Any) -> None:

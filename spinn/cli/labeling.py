@@ -81,7 +81,9 @@ def parse(
 @click.option(
     "--model", "model_reference", required=True, help="Checkpoint path or MLflow model URI (models:/spinn@champion)."
 )
-@click.option("--output", type=click.Path(), callback=output_file, required=True, help="Predictions Parquet file.")
+@click.option(
+    "--output", type=click.Path(), callback=output_file(".parquet"), required=True, help="Predictions Parquet file."
+)
 @_no_parse_cache
 @_no_gold
 @click.option(

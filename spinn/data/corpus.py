@@ -22,10 +22,11 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, check_length, max_chars
-from spinn.data.rejects import RecordProblem, RejectReason
+from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, check_length, check_members, max_chars
+from spinn.data.rejects import RecordProblem, RejectReason, not_text
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.errors import SpinnError
+from spinn.paths import refuse_special_file
 from spinn.trees.binarize import binarize
 from spinn.trees.transitions import read_binary_parse, tree_to_transitions
 from spinn.trees.tree import CLOSE, OPEN, TreeError, parse_ptb
@@ -85,9 +86,11 @@ def open_corpus(path: Path, member: str | None = None) -> Iterator[tuple[IO[byte
         raise SpinnError(f"{path}: no such file")
     if path.is_dir():
         raise SpinnError(f"{path}: is a folder, not a corpus file")
+    refuse_special_file(path)
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
             name = _zip_member(archive, path, member)
+            check_members(path, [archive.getinfo(name)])
             with archive.open(name) as stream, _gzip_errors(path, name):
                 yield _maybe_gunzip(stream, name), name
         return
@@ -253,9 +256,7 @@ def _required_text(record: dict[str, Any], field: str) -> str:
     if value is None or value == "":
         raise RecordProblem(RejectReason.MISSING_FIELD, field, f"field {field!r} is missing")
     if not isinstance(value, str):
-        raise RecordProblem(
-            RejectReason.INVALID_FIELD, field, f"field {field!r} is a {type(value).__name__}, expected a string"
-        )
+        raise not_text(field, value)
     return value
 
 
@@ -275,9 +276,7 @@ def sentence_transitions(
     if not text:
         raise RecordProblem(RejectReason.MISSING_FIELD, field, f"field {field!r} is missing")
     if not isinstance(text, str):
-        raise RecordProblem(
-            RejectReason.INVALID_FIELD, field, f"field {field!r} is a {type(text).__name__}, expected a string"
-        )
+        raise not_text(field, text)
     check_length(text, field, max_chars(max_tokens) * PARSE_CHARS_PER_CHAR)
     tokens, transitions = _read_tree(text, field, binary=bool(use_binary))
     twin_field, twin = (nary_field, nary) if use_binary else (binary_field, binary)

@@ -22,7 +22,9 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from spinn.data.fetch import CHUNK_SIZE, Checksum, DownloadError, ensure_archive
-from spinn.io import atomic_path, plain_file_name, publishing
+from spinn.data.limits import check_members
+from spinn.io import atomic_path, publishing
+from spinn.paths import plain_file_name
 from spinn.settings import Conflict, Settings, env_default
 
 DEFAULT_RAW_DIR = Path("data/raw")
@@ -224,6 +226,7 @@ def extract_zip(archive: Path, target: Path) -> list[str]:
     try:
         with zipfile.ZipFile(archive) as bundle:
             members = [info for info in bundle.infolist() if not is_junk(info)]
+            check_members(archive, members, extract_to=target)
             plan = [(info, member_destination(info, target, archive)) for info in members]
             for info, destination in plan:
                 write_member(bundle, info, destination, archive)

@@ -9,6 +9,7 @@ on one line, marked `retryable` when trying again can fix it.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import secrets
@@ -26,12 +27,16 @@ from tqdm import tqdm
 
 from spinn.errors import SpinnError, redact
 from spinn.io import file_digest
+from spinn.paths import refuse_special_file
 
 CHUNK_SIZE = 1 << 20
 """Bytes per read/write: large enough to be fast, small enough to keep memory flat."""
 CONNECT_TIMEOUT_S = 15.0
 READ_TIMEOUT_S = 60.0
 HTTP_TIMEOUT = (CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+TIMEOUT_VARIABLE = "SPINN_DOWNLOAD_TIMEOUT"
+"""Seconds a download waits to connect and for each next bytes, for both (default: HTTP_TIMEOUT)."""
+MAX_TIMEOUT_S = 3600.0
 HTTP_OK = 200
 HTTP_PARTIAL_CONTENT = 206
 HTTP_RANGE_NOT_SATISFIABLE = 416
@@ -184,8 +189,9 @@ def open_stream(url: str, dest: Path, offset: int) -> requests.Response:
     headers = {"Accept-Encoding": "identity"}
     if offset:
         headers["Range"] = f"bytes={offset}-"
+    timeout = http_timeout()
     try:
-        return requests.get(url, headers=headers, stream=True, timeout=HTTP_TIMEOUT)
+        return requests.get(url, headers=headers, stream=True, timeout=timeout)
     except requests.RequestException as exc:
         if name_not_resolved(exc):  # offline, or a misspelt host: waiting will not bring the name back
             host = urllib3.util.parse_url(url).host
@@ -196,9 +202,30 @@ def open_stream(url: str, dest: Path, offset: int) -> requests.Response:
             ) from exc
         raise DownloadError(
             f"{dest.name}: cannot reach {url} ({type(exc).__name__}: {exc}); expected the archive"
-            f"{kept_note(dest, offset)}",
+            f"{kept_note(dest, offset)}{timeout_note(exc, timeout)}",
             retryable=True,
         ) from exc
+
+
+def http_timeout() -> tuple[float, float]:
+    """(connect, read) seconds: TIMEOUT_VARIABLE's for both when the user set it, else HTTP_TIMEOUT."""
+    text = os.environ.get(TIMEOUT_VARIABLE)
+    if not text:
+        return HTTP_TIMEOUT
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds <= MAX_TIMEOUT_S:  # NaN fails this too
+        raise DownloadError(f"{TIMEOUT_VARIABLE}={text!r}: expected seconds, more than 0 and at most {MAX_TIMEOUT_S:g}")
+    return seconds, seconds
+
+
+def timeout_note(error: BaseException, timeout: tuple[float, float]) -> str:
+    """For a server that did not answer in time: how long was waited, and the variable that sets it."""
+    if not isinstance(error, requests.Timeout):
+        return ""
+    return f"; it waited {max(timeout):g} s, and {TIMEOUT_VARIABLE} (seconds) sets how long"
 
 
 def name_not_resolved(error: BaseException) -> bool:
@@ -268,7 +295,8 @@ def stream_to_part(
             sync(handle)
             raise DownloadError(
                 f"{dest.name}: connection to {url} broke after {start + received} bytes "
-                f"({type(exc).__name__}); partial download kept, rerun to resume",
+                f"({type(exc).__name__}); partial download kept, rerun to resume"
+                f"{timeout_note(exc, http_timeout())}",
                 retryable=True,
             ) from exc
         sync(handle)
@@ -336,6 +364,7 @@ def copy_local(src: Path, dest: Path, checksum: Checksum) -> None:
     The temporary name is distinct from the HTTP `.part`, so switching to a
     local copy never destroys a resumable download.
     """
+    refuse_special_file(src)
     if not src.is_file():
         raise DownloadError(f"{src}: no such file; expected a local copy of {dest.name}")
     temp = temp_sibling(dest)

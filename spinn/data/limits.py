@@ -1,5 +1,5 @@
-"""How long a sentence may be: one token limit, and the character bound derived from it that every reader
-applies before any tokenizer or tree reader sees the text.
+"""How much input may be: a sentence's token limit and the character bound derived from it that every reader
+applies before any tokenizer or tree reader sees the text, and how far a zip archive may expand.
 
 A 5 MB "sentence" kept Stanza's tokenizer busy for twenty minutes, and one in a
 prepared split made each training step take 37 s. Counting tokens needs a
@@ -13,7 +13,16 @@ would keep.
 
 from __future__ import annotations
 
+import shutil
+import zipfile
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, Field
+
 from spinn.data.rejects import RecordProblem, RejectReason
+from spinn.errors import SpinnError
+from spinn.memory import gib, usable_memory
 
 DEFAULT_MAX_TOKENS = 100
 """Tokens a sentence of a training corpus may have (`spinn prepare --max-tokens`); SNLI's longest sentences
@@ -27,6 +36,52 @@ CHARS_PER_TOKEN = 50
 """Characters allowed per token of the limit before any tokenizer runs."""
 PARSE_CHARS_PER_CHAR = 4
 """A bracketed parse holds its sentence plus brackets and part-of-speech tags: at most this many times longer."""
+BYTES_PER_CHARACTER = 240
+"""What a sentence's character costs in memory on its way through the tokenizer, trees and batches (a
+100 MB line took 22.8 GB)."""
+SENTENCE_SHARE = 8
+"""A sentence at the token limit may take at most 1/SENTENCE_SHARE of the memory."""
+MAX_TOKENS_LIMIT = max(DEFAULT_MAX_TOKENS, usable_memory() // (BYTES_PER_CHARACTER * CHARS_PER_TOKEN * SENTENCE_SHARE))
+"""The largest token limit this machine's memory holds."""
+MAX_EXPANSION = 100
+"""A zip member may expand to at most this many times its compressed size: text corpora deflate three- to
+tenfold, a zip bomb a thousandfold."""
+SMALL_MEMBER_BYTES = 2**20
+"""A member this small may expand as it likes: nothing it holds can fill a disk or memory."""
+
+
+def _within_memory(tokens: int) -> int:
+    if tokens > MAX_TOKENS_LIMIT:
+        raise ValueError(
+            f"must be at most {MAX_TOKENS_LIMIT}: a sentence that long could take more than 1/{SENTENCE_SHARE} of "
+            f"this machine's memory ({gib(usable_memory())})"
+        )
+    return tokens
+
+
+MaxTokens = Annotated[int, Field(ge=1), AfterValidator(_within_memory)]
+"""The type of every token-limit setting (prepare, the parser, trees): at least 1, at most MAX_TOKENS_LIMIT."""
+
+
+def check_members(archive: Path, members: list[zipfile.ZipInfo], *, extract_to: Path | None = None) -> None:
+    """Refuse, before anything is read or written, a zip whose members expand more than MAX_EXPANSION times
+    (zipfile reads no more than a member's declared size, so the declared sizes are what can come out), or
+    whose members would not fit on the disk they are extracted to."""
+    for info in members:
+        if info.file_size > SMALL_MEMBER_BYTES and info.file_size > MAX_EXPANSION * max(info.compress_size, 1):
+            ratio = info.file_size // max(info.compress_size, 1)
+            raise SpinnError(
+                f"{archive}: member {info.filename!r} expands to {info.file_size} bytes, {ratio} times its "
+                f"compressed size (at most {MAX_EXPANSION}): a zip bomb, or no corpus archive; nothing read"
+            )
+    if extract_to is not None:
+        existing = next(folder for folder in (extract_to, *extract_to.parents) if folder.exists())
+        total, free = sum(info.file_size for info in members), shutil.disk_usage(existing).free
+        if total > free:
+            raise SpinnError(
+                f"{archive}: its members take {gib(total)}, more than the {gib(free)} free where they would be "
+                f"extracted ({extract_to}); nothing extracted"
+            )
 
 
 def max_chars(max_tokens: int) -> int:

@@ -41,12 +41,13 @@ from spinn.data.corpus import (
     pair_from_record,
     read_record,
 )
-from spinn.data.limits import DEFAULT_MAX_TOKENS
+from spinn.data.limits import DEFAULT_MAX_TOKENS, MaxTokens
 from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.data.split_files import prepared_files, with_partner
 from spinn.errors import SpinnError
-from spinn.io import atomic_paths, plain_file_name, publish, publishing, tidy_folder
+from spinn.io import atomic_paths, publish, publishing, tidy_folder
+from spinn.paths import plain_file_name
 from spinn.settings import Settings, usable_cores
 
 DEFAULT_MAX_REJECT_RATIO = 0.01
@@ -170,7 +171,7 @@ class PrepareSettings(Settings):
     """Tree source: the corpus's binary parse, or its n-ary parse through our binarizer (auto: binary if present)."""
     workers: int | None = Field(None, ge=1)
     """Parsing processes (default: the CPU count, at most 4); the output is the same for any number."""
-    max_tokens: int = Field(DEFAULT_MAX_TOKENS, ge=1)
+    max_tokens: MaxTokens = DEFAULT_MAX_TOKENS
     """A sentence longer than this many tokens allows in characters (spinn.data.limits) is rejected as
     too_long before its tree is read."""
     splits: dict[str, str] | None = None

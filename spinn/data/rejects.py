@@ -37,6 +37,11 @@ class RejectReason(str, Enum):
     DUPLICATE_ID = "duplicate_id"
 
 
+RAW_EXCERPT_CHARS = 4096
+"""A reject keeps this much of its raw line (an SNLI line with both parses is about 2,000 characters): a
+100 MB line is not copied whole into the rejects file, nor kept whole in memory until it is written."""
+
+
 @dataclass(frozen=True, slots=True)
 class Reject:
     file: str
@@ -45,8 +50,15 @@ class Reject:
     field: str | None
     message: str
     raw: str
+    """The raw line, or its first RAW_EXCERPT_CHARS characters when longer (then `raw_chars` is its length)."""
     pair_id: str | None = None
     """The row's id as the output's `pair_id` column would hold it; None when the row has no readable id."""
+    raw_chars: int | None = None
+
+    def __post_init__(self) -> None:
+        if len(self.raw) > RAW_EXCERPT_CHARS:
+            object.__setattr__(self, "raw_chars", len(self.raw))
+            object.__setattr__(self, "raw", self.raw[:RAW_EXCERPT_CHARS])
 
     def to_dict(self) -> dict[str, str | int | None]:
         """The record as rejects files hold it (the reason as its value), for callers that add to it."""
@@ -58,6 +70,7 @@ class Reject:
             "field": self.field,
             "message": self.message,
             "raw": self.raw,
+            **({"raw_chars": self.raw_chars} if self.raw_chars is not None else {}),
         }
 
     @classmethod
@@ -89,3 +102,21 @@ class RecordProblem(Exception):
         super().__init__(message)
         self.reason = reason
         self.field = field
+
+
+def not_text(field: str, value: Any) -> RecordProblem:
+    """The reject of a sentence (or parse) field that holds no text, said as what it holds: `field 'premise'
+    is a number, not text` (JSON's Infinity and 7, a Parquet float column), never read as the text "inf"."""
+    return RecordProblem(RejectReason.INVALID_FIELD, field, f"field {field!r} is {_kind(value)}, not text")
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true or false"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    return f"a {type(value).__name__}"

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from spinn.errors import SpinnError
 from spinn.io import settle
+from spinn.paths import refuse_special_file
 from spinn.trees.transitions import TRANSITION_NAMES
 
 SCHEMA_VERSION = "1"
@@ -85,6 +86,7 @@ def read_pairs(path: Path, columns: list[str] | None = None) -> pa.Table:
     settle(path)
     if not path.exists():
         raise SpinnError(f"{path}: no such file")
+    refuse_special_file(path)
     try:
         schema = pq.read_schema(path)
     except (pa.ArrowInvalid, OSError) as error:

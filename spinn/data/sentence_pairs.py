@@ -21,15 +21,13 @@ sentences into SNLI's tokens where they are labelled.
 from __future__ import annotations
 
 import csv
-import gzip
 import json
-import zlib
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import IO, Annotated, Any, Literal, NamedTuple, get_args
+from typing import Annotated, Any, Literal, NamedTuple, get_args
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -38,9 +36,11 @@ from pydantic import AfterValidator, Field
 from spinn.data.column_sidecar import sidecar_columns, sidecar_path
 from spinn.data.label_schemes import NO_GOLD, checked_scheme
 from spinn.data.limits import TEXT_MAX_TOKENS, check_length, max_chars
-from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
+from spinn.data.rejects import RecordProblem, Reject, RejectReason, not_text, reject_pair_id
 from spinn.data.schema import NO_CONSENSUS_LABEL
+from spinn.data.text_lines import NUL, READ_ERRORS, Line, open_bytes, text_lines
 from spinn.errors import SpinnError
+from spinn.paths import refuse_special_file
 from spinn.settings import Settings
 
 Format = Literal["csv", "tsv", "jsonl", "parquet"]
@@ -55,8 +55,6 @@ SUFFIX_FORMATS = {
 }
 TEXT_FORMATS = ("csv", "tsv", "jsonl")  # the formats that may also come gzipped
 GZIP_SUFFIX = ".gz"
-GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by content, whatever the file's name
-UTF8_BOM = b"\xef\xbb\xbf"
 PARQUET_MAGIC = b"PAR1"
 WIDE_TEXT_BOMS = {
     b"\xff\xfe\x00\x00": "UTF-32",
@@ -67,6 +65,9 @@ WIDE_TEXT_BOMS = {
 """Byte order marks of the wide encodings a spreadsheet may save as "Unicode text" (longest first)."""
 SNIFF_BYTES = 4096
 """How much of a text file is looked at to tell its kind: enough to hold several rows of any export."""
+WIDE_TEXT_NUL_SHARE = 4
+"""Text whose sniffed start is a quarter NUL bytes or more is UTF-16 (about half NULs for Latin text) or
+UTF-32 (three quarters), read without its BOM; a few NULs in UTF-8 text are bad bytes of their rows."""
 
 PREMISE_COLUMNS = ("premise", "sentence1", "sentence_A")
 HYPOTHESIS_COLUMNS = ("hypothesis", "sentence2", "sentence_B")
@@ -83,7 +84,6 @@ DIALECTS: dict[str, dict[str, Any]] = {
 JSONL_KEY_SAMPLE_ROWS = 1_000
 """JSON lines have no header: the keys of this many leading objects stand in for one."""
 PARQUET_BATCH_ROWS = 8_192
-_READ_ERRORS = (OSError, EOFError, zlib.error)
 
 
 class Columns(Settings):
@@ -121,12 +121,6 @@ class _Row(NamedTuple):
     line: int
     raw: str
     values: Mapping[str, Any] | RecordProblem
-
-
-class _Line(NamedTuple):
-    number: int
-    text: str  # decoded, newline kept; undecodable bytes shown as U+FFFD
-    encoding_error: str | None
 
 
 @dataclass(frozen=True)
@@ -171,7 +165,7 @@ def read_input_pairs(
 ) -> Iterator[InputPair | Reject]:
     """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now.
     A sentence longer than `max_tokens` allows in characters is rejected as too_long, before any tokenizer."""
-    path = Path(path)
+    path = refuse_special_file(Path(path))
     if not path.is_file():
         raise SpinnError(f"{path}: no such file")
     given = (columns or Columns()).model_dump(exclude_none=True)  # over the file's sidecar, if it has one
@@ -219,16 +213,16 @@ def _check_content(path: Path, fmt: str) -> None:
     if fmt not in TEXT_FORMATS:
         return
     try:
-        with _open_bytes(path) as stream:
+        with open_bytes(path) as stream:
             start = stream.read(SNIFF_BYTES)
-    except _READ_ERRORS as error:
+    except READ_ERRORS as error:
         raise SpinnError(f"{path}: cannot read: {error}") from None
     if start.startswith(PARQUET_MAGIC):
         raise SpinnError(f"{path}: is a Parquet file, not {fmt}; name it .parquet")
     encoding = next((name for bom, name in WIDE_TEXT_BOMS.items() if start.startswith(bom)), None)
     if encoding is not None:
         raise SpinnError(f"{path}: is {encoding} text; save it as UTF-8")
-    if b"\x00" in start:
+    if start.count(NUL) * WIDE_TEXT_NUL_SHARE >= len(start) > 0:  # a stray NUL spoils its own row only
         raise SpinnError(f"{path}: holds NUL bytes: UTF-16 or UTF-32 text without a BOM, or no text; save it as UTF-8")
 
 
@@ -274,7 +268,7 @@ def _invalid(column: str, value: Any, expected: str) -> RecordProblem:
 def _sentence(values: Mapping[str, Any], column: str, limit: int) -> str:
     value = _present(values, column)
     if not isinstance(value, str):
-        raise _invalid(column, value, "a string")
+        raise not_text(column, value)
     check_length(value, column, limit)
     sentence = value.strip()
     if not sentence:
@@ -304,44 +298,18 @@ def _pair_id(values: Mapping[str, Any], column: str | None, row: int) -> str:
     return pair_id
 
 
-# --------------------------------------------------------------------------- text files: lines
-
-
-@contextmanager
-def _open_bytes(path: Path) -> Iterator[IO[bytes]]:
-    """The file as bytes, gunzipped when its content is gzip."""
-    with open(path, "rb") as stream:
-        gzipped = stream.read(len(GZIP_MAGIC)) == GZIP_MAGIC
-        stream.seek(0)
-        yield gzip.GzipFile(fileobj=stream) if gzipped else stream
-
-
-def _lines(stream: IO[bytes], path: Path) -> Iterator[_Line]:
-    """Physical lines, numbered from 1, each decoded on its own so one bad byte spoils one row only."""
-    try:
-        for number, raw in enumerate(stream, start=1):
-            if number == 1:
-                raw = raw.removeprefix(UTF8_BOM)
-            try:
-                yield _Line(number, raw.decode("utf-8"), None)
-            except UnicodeDecodeError as error:
-                yield _Line(number, raw.decode("utf-8", errors="replace"), f"not UTF-8: {error.reason}")
-    except _READ_ERRORS as error:
-        raise SpinnError(f"{path}: cannot read: {error}") from None
-
-
 # --------------------------------------------------------------------------- csv and tsv
 
 
-class _LineFeed:
+class LineFeed:
     """Feeds lines to csv.reader and keeps those it took, so each row knows its lines."""
 
-    def __init__(self, lines: Iterator[_Line]):
+    def __init__(self, lines: Iterator[Line]):
         self._lines = lines
-        self.taken: list[_Line] = []
+        self.taken: list[Line] = []
         self.count = 0
 
-    def __iter__(self) -> _LineFeed:
+    def __iter__(self) -> LineFeed:
         return self
 
     def __next__(self) -> str:
@@ -350,21 +318,21 @@ class _LineFeed:
         self.count = line.number
         return line.text
 
-    def take(self) -> list[_Line]:
+    def take(self) -> list[Line]:
         taken, self.taken = self.taken, []
         return taken
 
 
 @contextmanager
-def _delimited(path: Path, fmt: str) -> Iterator[tuple[Iterator[list[str]], _LineFeed, list[str]]]:
+def _delimited(path: Path, fmt: str) -> Iterator[tuple[Iterator[list[str]], LineFeed, list[str]]]:
     """An open csv reader past the header, its line feed, and the header."""
-    with _open_bytes(path) as stream:
-        feed = _LineFeed(_lines(stream, path))
+    with open_bytes(path) as stream:
+        feed = LineFeed(text_lines(stream, path))
         reader = csv.reader(feed, **DIALECTS[fmt])
         yield reader, feed, _header(reader, feed, path)
 
 
-def _header(reader: Iterator[list[str]], feed: _LineFeed, path: Path) -> list[str]:
+def _header(reader: Iterator[list[str]], feed: LineFeed, path: Path) -> list[str]:
     try:
         header = next(reader, None)
     except csv.Error as error:
@@ -405,7 +373,7 @@ def _delimited_rows(path: Path, columns: Columns, fmt: str) -> Iterator[_Row]:
 
 
 def _delimited_values(
-    fields: list[str] | csv.Error, header: list[str], lines: list[_Line], fmt: str
+    fields: list[str] | csv.Error, header: list[str], lines: list[Line], fmt: str
 ) -> Mapping[str, str] | RecordProblem:
     encoding_error = next((line.encoding_error for line in lines if line.encoding_error), None)
     if encoding_error:
@@ -422,15 +390,15 @@ def _delimited_values(
 # --------------------------------------------------------------------------- json lines
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[_Line, dict[str, Any] | RecordProblem]]:
+def _jsonl_records(path: Path) -> Iterator[tuple[Line, dict[str, Any] | RecordProblem]]:
     """Each non-blank line with its JSON object or the problem reading it."""
-    with _open_bytes(path) as stream:
-        for line in _lines(stream, path):
+    with open_bytes(path) as stream:
+        for line in text_lines(stream, path):
             if line.text.strip():
                 yield line, _json_object(line)
 
 
-def _json_object(line: _Line) -> dict[str, Any] | RecordProblem:
+def _json_object(line: Line) -> dict[str, Any] | RecordProblem:
     if line.encoding_error:
         return RecordProblem(RejectReason.MALFORMED_ENCODING, None, line.encoding_error)
     try:

@@ -21,7 +21,7 @@ from typing import ClassVar, NamedTuple
 from pydantic import Field
 
 from spinn.data.example import Example
-from spinn.data.limits import TEXT_MAX_TOKENS
+from spinn.data.limits import TEXT_MAX_TOKENS, MaxTokens
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
 from spinn.errors import SpinnError
 from spinn.inference.predict import predict
@@ -59,7 +59,7 @@ class TreesSettings(Settings):
     """How many trees the HTML page draws."""
     device: Device = "auto"
     """Where the model runs; auto: the GPU when there is one."""
-    max_tokens: int = Field(TEXT_MAX_TOKENS, ge=1)
+    max_tokens: MaxTokens = TEXT_MAX_TOKENS
     """A pairs file's sentence longer than this many tokens allows in characters is skipped before the
     tokenizer sees it (spinn/data/limits.py)."""
     columns: Columns = Columns()

@@ -21,6 +21,7 @@ import torch
 
 from spinn.errors import SpinnError, refused_checkpoint
 from spinn.io import atomic_path
+from spinn.paths import refuse_special_file
 
 CHECKPOINT_FORMAT = "spinn.checkpoint"
 CHECKPOINT_VERSION = 1
@@ -122,7 +123,7 @@ def save_checkpoint(path: Path, checkpoint: Checkpoint) -> Path:
 
 def load_checkpoint(path: Path, map_location: str | torch.device = "cpu") -> Checkpoint:
     """Read a checkpoint safely (weights_only) and check it is one of ours, naming what is wrong."""
-    path = Path(path)
+    path = refuse_special_file(Path(path))
     if not path.is_file():
         raise SpinnError(f"{path}: no such checkpoint")
     try:

@@ -89,6 +89,17 @@ class SPINNConfig(Settings):
             raise Conflict(f"variant {self.variant} needs d_tracker >= 1, got {self.d_tracker}", "d_tracker", "variant")
         return self
 
+    def parameter_estimate(self) -> int:
+        """About how many weights the model trains (the frozen word vectors aside): the products of its sizes
+        that dominate, for bounding what a machine can hold before anything is allocated."""
+        d, t, m, classes = self.d_hidden, self.d_tracker, self.mlp_dim, self.n_classes
+        projection = self.d_embed * 2 * d  # words to (h, c)
+        compose = (2 * d + t) * 5 * d  # TreeLSTM gates from both children and the tracker
+        tracker = (3 * d + t) * 4 * t  # LSTM gates from buffer top and two stack tops
+        features = 4 * d  # [p; h; p - h; p * h]
+        hidden = features * m + (self.mlp_layers - 1) * m * m + m * classes if self.mlp_layers else 0
+        return projection + compose + tracker + (hidden or features * classes)
+
     @property
     def has_tracker(self) -> bool:
         return self.variant in ("pi", "spinn", "rl")

@@ -1,8 +1,9 @@
 """A trained model back in memory: from a checkpoint file or an MLflow model URI, on the chosen device.
 
-Evaluation, labelling, `spinn trees` and the benchmark all start here. The
-checkpoint is read with weights_only and the model rebuilt from its own
-config and vocabulary, so loading never runs code from the file.
+Evaluation, labelling, `spinn trees`, the served model and the benchmark all
+start here. The checkpoint is read with weights_only and the model rebuilt
+from its own config and vocabulary, so loading never runs code from the
+file; weights that are not finite are refused here, once, for all of them.
 """
 
 from __future__ import annotations
@@ -37,6 +38,19 @@ def resolve_device(device: str) -> torch.device:
     return torch.device(device)
 
 
+def check_finite(weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Refuse weights that are not finite, naming the first such tensor: one infinite weight scores a third
+    of any split and one NaN word vector all of it, and both label, draw and serve whatever comes out."""
+    for name, tensor in weights.items():
+        if tensor.is_floating_point():
+            bad = int((~tensor.isfinite()).sum())
+            if bad:
+                raise SpinnError(
+                    f"{path}: weights are not finite ({name} holds {bad} NaN or infinite "
+                    f"value{'' if bad == 1 else 's'}); retrain, or use an earlier checkpoint of the run"
+                )
+
+
 def load_model(reference: str | Path, device: torch.device, workdir: Path | None = None) -> LoadedModel:
     """Rebuild a model from a checkpoint path or an MLflow model URI."""
     from spinn.tracking.logged_models import download_checkpoint
@@ -47,6 +61,7 @@ def load_model(reference: str | Path, device: torch.device, workdir: Path | None
     else:
         checkpoint = Path(reference)
     saved = load_checkpoint(checkpoint)
+    check_finite(saved.model_state, checkpoint)
     config = SPINNConfig.from_dict(saved.model_config)
     vocabulary = Vocabulary.from_json(saved.vocab, str(checkpoint))
     model = SPINN(config, torch.zeros(len(vocabulary), config.d_embed))

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field
 
-from spinn.data.limits import TEXT_MAX_TOKENS
+from spinn.data.limits import TEXT_MAX_TOKENS, MaxTokens
 from spinn.errors import SpinnError
 from spinn.settings import AUTO, Device, Settings, count_or_auto, env_default, usable_cores
 
@@ -44,7 +44,7 @@ class ParserSettings(Settings):
     """Sentences per Stanza batch; auto: 256 on the CPU (no size was faster there), 1024 on the GPU."""
     device: Device = Field("auto", json_schema_extra={"cli": "--parser-device"})
     """Where Stanza runs; auto: the GPU when there is one."""
-    max_tokens: int = Field(TEXT_MAX_TOKENS, ge=1, json_schema_extra={"cli": "--max-tokens"})
+    max_tokens: MaxTokens = Field(TEXT_MAX_TOKENS, json_schema_extra={"cli": "--max-tokens"})
     """Longer sentences are rejected (too_long); memory grows with it (spinn/data/limits.py)."""
     cache_path: Path | None = Field(DEFAULT_CACHE_PATH, json_schema_extra={"cli": "--parse-cache"})
     """Parses cached by sentence and parser model (none: no cache; the CLI's --no-parse-cache)."""

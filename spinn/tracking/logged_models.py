@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, unanswered
 from spinn.tracking.store import CHECKPOINT_NAME, _client, _mlflow, _unless_missing, tracking_uri
 
 LOGGED_MODEL_ARTIFACTS_DIR = "artifacts"
@@ -184,6 +184,9 @@ def download_model(uri: str, destination: Path) -> Path:
     try:
         return Path(mlflow.artifacts.download_artifacts(artifact_uri=uri, dst_path=str(destination)))
     except Exception as error:  # MlflowException, OSError: report the URI and the store
+        silent = unanswered(error)
+        if silent is not None:
+            raise SpinnError(f"{uri}: {silent}") from None
         reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         raise SpinnError(f"{uri}: cannot fetch the model from {tracking_uri()} ({reason})") from None
 

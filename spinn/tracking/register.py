@@ -107,6 +107,15 @@ def score_tags(split: str, scores: dict[str, float]) -> dict[str, str]:
     return {f"{split}_{key}": repr(float(value)) for key, value in scores.items()}
 
 
+def logged_by(run_id: str, checkpoint: Path) -> bool:
+    """Whether `run_id` logged exactly this checkpoint: a logged model, or a registered version (0.1.0's
+    folders), tagged with its sha256. The run id inside a checkpoint is only a claim; this is the proof."""
+    digest = file_digest(Path(checkpoint), "sha256")
+    if logged_model_of_run(run_id, CHECKPOINT_TAG, digest) is not None:
+        return True
+    return any(tags.get(CHECKPOINT_TAG) == digest for _, _, tags in tracking.versions_from_run(run_id))
+
+
 def tag_versions_of_checkpoint(run_id: str, checkpoint: Path, tags: dict[str, str]) -> list[str]:
     """Tag the versions registered from `run_id` with exactly this checkpoint (e.g. with its test scores
     after `spinn evaluate`); returns their URIs. A run's other versions (older best models) are left alone."""

@@ -35,8 +35,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from spinn.errors import SpinnError
-from spinn.io import atomic_path, tidy_folder
+from spinn.errors import MLFLOW_TIMEOUT_VARIABLE, SpinnError
+from spinn.io import OWNER_ONLY, atomic_path, tidy_folder
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MODEL_ARTIFACT_DIR = "model"
@@ -60,6 +60,9 @@ folder every process using the store sees, or registrations on different machine
 LOCK_SUFFIX = ".lock"
 STORE_LOCK_TIMEOUT_S = 300
 """Opening or migrating a store and registering a model take seconds; this long means something is stuck."""
+REQUEST_LIMITS = {MLFLOW_TIMEOUT_VARIABLE: "10", "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2"}
+"""MLflow's own variables, unless the user set them: 10 s a request and two retries (backoff 2 s, 4 s), so a
+silent server is one error line within a minute (MLflow's 120 s and 7 doubling retries took minutes)."""
 
 T = TypeVar("T")
 _opened: set[str] = set()
@@ -70,12 +73,19 @@ def tracking_uri() -> str:
     return os.environ.get("MLFLOW_TRACKING_URI", DEFAULT_TRACKING_URI)
 
 
+def request_limits() -> None:
+    """REQUEST_LIMITS for MLflow's requests to a tracking server, unless the user set them."""
+    for variable, value in REQUEST_LIMITS.items():
+        os.environ.setdefault(variable, value)
+
+
 def _mlflow(*, write: bool = False):
     """Import MLflow pointed at our store (imported lazily: it takes seconds), opened once per process.
 
     `write`: refuse first, in one line, a store this process cannot write to. MLflow's per-download progress
     bar is off unless the user turned it on: fetching a model's three files drew bars into every log."""
     os.environ.setdefault(ARTIFACTS_PROGRESS_BAR, "false")
+    request_limits()
     import mlflow
 
     uri = tracking_uri()
@@ -165,7 +175,7 @@ def _lock_of(path: Path):
     """One FileLock per lock file and process: it counts nested holds, so a holder may take it again."""
     from filelock import FileLock
 
-    return FileLock(path, timeout=STORE_LOCK_TIMEOUT_S)
+    return FileLock(path, timeout=STORE_LOCK_TIMEOUT_S, mode=OWNER_ONLY)  # private, as every spinn lock
 
 
 @contextmanager
@@ -299,8 +309,13 @@ def _unless_missing(lookup: Callable[[], T]) -> T | None:
 
 def run_exists(run_id: str) -> bool:
     """Whether `run_id` is in this store (a checkpoint may come from another machine's store)."""
-    client = _client()
-    return _unless_missing(lambda: client.get_run(run_id)) is not None
+    return run_tags(run_id) is not None
+
+
+def run_tags(run_id: str) -> dict[str, str] | None:
+    """The run's tags, or None when this store does not hold the run."""
+    found = _unless_missing(lambda: _client().get_run(run_id))
+    return None if found is None else dict(found.data.tags)
 
 
 def log_run_metrics(run_id: str, metrics: dict[str, float], step: int = 0) -> bool:

@@ -13,11 +13,12 @@ import math
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from spinn.data.embeddings import EmbeddingSettings
+from spinn.memory import gib, usable_memory
 from spinn.model.config import PRESETS, VARIANTS, SPINNConfig
-from spinn.settings import AUTO, Device, Layer, Settings, count_or_auto, deep_merge, params_layer
+from spinn.settings import AUTO, Conflict, Device, Layer, Settings, count_or_auto, deep_merge, params_layer
 from spinn.training.step import Schedule
 
 # Bowman et al. 2016, appendix table of tuned hyperparameters (300D models): initial
@@ -54,6 +55,12 @@ MAX_AUTO_EVAL_EVERY = 1_000
 """eval_every auto on a large corpus: the paper-scale interval (SNLI at batch 32 has 17,193 steps an epoch)."""
 
 
+TRAINING_BYTES_PER_WEIGHT = 16
+"""fp32 weight, gradient and the optimizer's two moments."""
+MODEL_MEMORY_SHARE = 2
+"""The training state may take at most 1/MODEL_MEMORY_SHARE of the memory: the rest is for batches."""
+SIZE_FIELDS = ("d_hidden", "mlp_dim", "d_tracker", "d_embed", "mlp_layers")
+"""The model's sizes, in the order a refusal blames the first one the user set."""
 RUN_LENGTH = frozenset({"max_epochs", "max_steps", "patience", "eval_every", "checkpoint_every", "log_every"})
 """Settings that say how long a run goes on and when it looks at itself: a resumed run may change them."""
 RUN_PLACE = frozenset({"device", "threads", "processes", "graphs", "experiment", "registered_model", "alias"})
@@ -137,6 +144,20 @@ class TrainConfig(Settings):
     """MLflow registered model name."""
     alias: str = "champion"
     """Registry alias moved to a new version that beats it on dev accuracy."""
+
+    @field_validator("model")
+    @classmethod
+    def _model_fits_in_memory(cls, model: SPINNConfig) -> SPINNConfig:
+        """A model whose training state (weights, gradients, the optimizer's moments) would pass half this
+        machine's memory is one line naming the size the user gave, not an allocator traceback."""
+        needed = model.parameter_estimate() * TRAINING_BYTES_PER_WEIGHT
+        if needed > usable_memory() // MODEL_MEMORY_SHARE:
+            raise Conflict(
+                f"a model this size needs about {gib(needed)} to train, more than 1/{MODEL_MEMORY_SHARE} of this "
+                f"machine's memory ({gib(usable_memory())}); choose smaller sizes",
+                *SIZE_FIELDS,
+            )
+        return model
 
     @model_validator(mode="before")
     @classmethod

@@ -9,23 +9,33 @@ window shows in the sum), and the weights, with one reduction, before every eval
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import torch
 
 from spinn.errors import SpinnError
+from spinn.model.checkpoint import load_checkpoint
 from spinn.training.folders import LAST_CHECKPOINT
 
-ADVICE = f"{LAST_CHECKPOINT} keeps the last finite checkpoint; lower the learning rate"
+LOWER = "lower the learning rate"
 
 
-def check_loss(loss: float, step: int) -> None:
+def check_loss(loss: float, step: int, output_dir: Path) -> None:
     """Stop when the summed training loss of the window ending at `step` is NaN or infinite."""
     if not math.isfinite(loss):
-        raise SpinnError(f"training diverged by step {step}: the training loss is {loss}; {ADVICE}")
+        raise SpinnError(f"training diverged by step {step}: the training loss is {loss}; {_kept(output_dir)}")
 
 
-def check_weights(model: torch.nn.Module, step: int) -> None:
+def check_weights(model: torch.nn.Module, step: int, output_dir: Path) -> None:
     """Stop when any weight is NaN or infinite: one device reduction and one host read."""
     finite = torch.stack([parameter.isfinite().all() for parameter in model.parameters()]).all()
     if not bool(finite):
-        raise SpinnError(f"training diverged by step {step}: the model's weights are not finite; {ADVICE}")
+        raise SpinnError(f"training diverged by step {step}: the model's weights are not finite; {_kept(output_dir)}")
+
+
+def _kept(output_dir: Path) -> str:
+    """What the run keeps to go back to: its last.pt (only finite weights are ever saved), or nothing."""
+    last = Path(output_dir) / LAST_CHECKPOINT
+    if not last.is_file():
+        return f"it diverged before its first checkpoint, so none was kept; {LOWER}"
+    return f"{last} keeps the last finite checkpoint (step {load_checkpoint(last).step}); {LOWER}"

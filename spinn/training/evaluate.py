@@ -15,6 +15,7 @@ also what training calls for its periodic dev evaluation.
 from __future__ import annotations
 
 import csv
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,7 +31,7 @@ from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
 from spinn.data.split_files import with_partner
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
-from spinn.errors import SpinnError
+from spinn.errors import SpinnError, SpinnWarning
 from spinn.inference.predict import Predictions, predict
 from spinn.inference.step import InferStep
 from spinn.io import atomic_path, publishing, write_json
@@ -241,11 +242,20 @@ def _log_to_training_run(
     reliability diagram under `<split>/reliability/`), and the scores as tags of the versions registered
     from this checkpoint."""
     from spinn.tracking import store as tracking
-    from spinn.tracking.register import score_tags, tag_versions_of_checkpoint
+    from spinn.tracking.register import logged_by, score_tags, tag_versions_of_checkpoint
 
     run_id = saved.run_id
-    if run_id is None or not tracking.log_run_artifacts(run_id, files, split):
+    if run_id is None or not tracking.run_exists(run_id):
         return
+    if not logged_by(run_id, checkpoint):  # a copy someone changed still names the run: trust the store only
+        warnings.warn(
+            f"{checkpoint}: is not the checkpoint MLflow run {run_id} logged (another sha256); its scores stay "
+            "out of that run",
+            SpinnWarning,
+            stacklevel=2,
+        )
+        return
+    tracking.log_run_artifacts(run_id, files, split)
     values = {f"{split}_accuracy": metrics.accuracy, f"{split}_macro_f1": metrics.macro_f1}
     if metrics.transition_accuracy is not None:
         values[f"{split}_transition_accuracy"] = metrics.transition_accuracy

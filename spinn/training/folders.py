@@ -12,10 +12,12 @@ DVC's stages keep their declared `--output-dir`.
 
 An output folder holds one run. A run holds the folder's lock while it works
 (a second run there is refused, naming it) and records its MLflow run id in
-it; a new run refuses a folder that holds an earlier run's checkpoints
-unless told to `resume` or `overwrite` it, and marks the previous holder's
-MLflow run KILLED when that one died still RUNNING (before its first
-checkpoint, say), since nothing else ever would.
+it; the lock lives beside the folder (spinn.io.lock_output_folder), since DVC
+deletes the folder itself before it reruns the stage. A new run refuses a
+folder that holds an earlier run's checkpoints unless told to `resume` or
+`overwrite` it, and marks the previous holder's MLflow run KILLED when that
+one died still RUNNING (before its first checkpoint, say), since nothing else
+ever would.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ RUN_FILES = (LAST_CHECKPOINT, BEST_CHECKPOINT, REPORT_NAME)
 """What a run leaves in its output folder; `overwrite` removes them before a new run starts."""
 MLFLOW_RUN_FACT = "mlflow_run_id"
 """The fact a run records in its folder's lock, so the next run there can close it if it died."""
+OUTPUT_DIR_TAG = "spinn.output_dir"
+"""The MLflow run's tag naming the folder it trains in (resolved): a resume elsewhere never reopens it."""
 
 
 def run_folder(root: Path, config: TrainConfig, train: Path, dev: Path, vocab: Path | None = None) -> Path:
@@ -104,3 +108,28 @@ def close_abandoned_run(lock: FolderLock, resuming: str | None, tracking) -> Non
     previous = lock.previous.get(MLFLOW_RUN_FACT)
     if previous is not None and previous != resuming:
         tracking.end_abandoned_run(previous)
+
+
+def folder_tags(output_dir: Path) -> dict[str, str]:
+    """What a new run records about its folder, for `check_run_of_folder`."""
+    return {OUTPUT_DIR_TAG: str(Path(output_dir).resolve())}
+
+
+def check_run_of_folder(run_id: str, output_dir: Path, tracking) -> None:
+    """Before a resume reopens `run_id` (named by the folder's last.pt): the store must hold the run, and
+    the run must have been trained in this folder. A last.pt copied or linked from another folder would
+    otherwise reopen that folder's run, finished or not, and write this run's steps and failure into it."""
+    last = Path(output_dir) / LAST_CHECKPOINT
+    tags = tracking.run_tags(run_id)
+    if tags is None:
+        raise SpinnError(
+            f"{last}: its MLflow run {run_id} is not in {tracking.tracking_uri()}",
+            fix=("overwrite", "resume with the store it was trained with (MLFLOW_TRACKING_URI), or start anew with {}"),
+        )
+    trained_in = tags.get(OUTPUT_DIR_TAG)
+    if trained_in is not None and trained_in != str(Path(output_dir).resolve()):
+        raise SpinnError(
+            f"{last}: its MLflow run {run_id} was trained in {trained_in}, not in {output_dir} (a copied or linked "
+            "checkpoint)",
+            fix=("overwrite", "resume it in its own folder, or start a new run here with {}"),
+        )

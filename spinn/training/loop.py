@@ -133,7 +133,7 @@ def _after_step(run: TrainingRun, state: TrainState, window: _Window, tracking, 
     if state.step % config.log_every == 0 or budget_spent(config, state):
         _log_window(run, state, window, tracking, bar)
     if state.step % config.eval_every == 0 or state.step % config.checkpoint_every == 0 or budget_spent(config, state):
-        check_weights(run.model, state.step)
+        check_weights(run.model, state.step, run.output_dir)
     if state.step % config.eval_every == 0:
         stop = evaluate_dev(run, state, tracking) >= config.patience if is_main else None
         state.early_stopped = distributed.broadcast(stop, run.topology)  # rank 0 decides, every rank stops
@@ -153,7 +153,7 @@ def _log_window(run: TrainingRun, state: TrainState, window: _Window, tracking, 
     reads) and log them (rank 0)."""
     sums = run.step.metrics.read()
     if sums["steps"]:
-        check_loss(sums["loss"], state.step)
+        check_loss(sums["loss"], state.step, run.output_dir)
     if not sums["steps"] or not run.topology.is_main:
         window.restart()
         return

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
 from spinn.data.split_files import with_partner
 from spinn.errors import SpinnError
-from spinn.io import check_outputs, lock_folder
+from spinn.io import check_outputs, lock_output_folder
 from spinn.settings import usable_cores
 from spinn.training import distributed
 from spinn.training.build import TrainingRun, build_run
@@ -37,8 +37,10 @@ from spinn.training.folders import (
     RUNS_DIR,
     check_folder,
     check_resumable,
+    check_run_of_folder,
     clear_run_files,
     close_abandoned_run,
+    folder_tags,
     holds_finished_run,
     run_folder,
 )
@@ -102,16 +104,19 @@ def train(
         if not topology.is_main:
             run = build_run(*paths, progress=False)
             return _follow(run, _starting_state(run, resume, overwrite=False, progress=False), tracking)
-        with lock_folder(output_dir) as lock:
+        with lock_output_folder(output_dir) as lock:
             check_folder(output_dir, resume or overwrite, tracking)
             run = build_run(*paths, progress=progress)
             run.report_every_s = report_every_s
             state = _starting_state(run, resume, overwrite, progress)
+            if state.run_id is not None:
+                check_run_of_folder(state.run_id, output_dir, tracking)
             close_abandoned_run(lock, state.run_id, tracking)
             with tracking.run(config.experiment, run_name, state.run_id) as run_id:
                 lock.record(**{MLFLOW_RUN_FACT: run_id})
                 if state.run_id is None:
                     state.run_id = run_id
+                    tracking.set_tags(folder_tags(output_dir))
                     log_run_start(run, tracking)
                 if not state.finished:
                     loop(run, state, tracking, progress)

@@ -1,0 +1,195 @@
+"""Issue 32, class 5: every bound has a bound. A size no machine here can hold (a token limit, a model's
+width) is one `error:` line before any work, from what the machine's memory holds; extracting or reading a
+zip archive is bounded (its members' total size and compression ratio); a rejects file keeps a bounded
+excerpt of a long raw line, with the line's length.
+"""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from spinn.cli import main
+from spinn.io import file_digest
+from tests.helpers import write_rows
+
+HUGE_TOKENS = "100000000"
+"""`--max-tokens 100000000` let a 100 MB line take 22.8 GB, and the kernel killed the run."""
+HUGE_WIDTH = "99999999999"
+Arguments = Callable[[Path], list[str]]
+TOO_BIG: dict[str, tuple[Arguments, str]] = {
+    "prepare": (lambda d: ["prepare", str(d / "dev.jsonl"), "--max-tokens", HUGE_TOKENS], "--max-tokens"),
+    "prepare-params": (
+        lambda d: [
+            "prepare",
+            str(d / "dev.jsonl"),
+            "--config",
+            str(params(d, f"prepare:\n  max_tokens: {HUGE_TOKENS}\n")),
+        ],
+        "prepare: max_tokens",
+    ),
+    "parse": (lambda d: ["parse", str(d / "pairs.csv"), "--max-tokens", HUGE_TOKENS], "--max-tokens"),
+    "label": (
+        lambda d: (
+            ["label", str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--output", str(d / "o.parquet")]
+            + ["--max-tokens", HUGE_TOKENS]
+        ),
+        "--max-tokens",
+    ),
+    "trees": (
+        lambda d: (
+            ["trees", str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--output", str(d / "t.jsonl")]
+            + ["--max-tokens", HUGE_TOKENS]
+        ),
+        "--max-tokens",
+    ),
+    "bench-label": (
+        lambda d: ["bench-label", str(d / "pairs.csv"), "--model", str(d / "m.pt"), "--max-tokens", HUGE_TOKENS],
+        "--max-tokens",
+    ),
+    "train-set": (
+        lambda d: [
+            "train",
+            "--train",
+            str(d / "s.parquet"),
+            "--dev",
+            str(d / "s.parquet"),
+            "--set",
+            f"model.d_hidden={HUGE_WIDTH}",
+        ],
+        "--set model.d_hidden",
+    ),
+    "train-option": (
+        lambda d: [
+            "train",
+            "--train",
+            str(d / "s.parquet"),
+            "--dev",
+            str(d / "s.parquet"),
+            "--model-mlp-dim",
+            HUGE_WIDTH,
+        ],
+        "--model-mlp-dim",
+    ),
+    "spinn-pipeline": (lambda d: ["--set", f"model.d_hidden={HUGE_WIDTH}"], "--set model.d_hidden"),
+}
+"""Each command given a size beyond this machine, and the option (or params key) the error must name."""
+
+
+def params(folder: Path, text: str) -> Path:
+    (folder / "params.yaml").write_text(text)
+    return folder / "params.yaml"
+
+
+@pytest.mark.parametrize("case", TOO_BIG)
+def test_a_size_beyond_what_the_machine_holds_is_one_line_before_any_work(case, tmp_path, monkeypatch):
+    from flows.main import main as pipeline
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("dev.jsonl", "pairs.csv", "m.pt", "s.parquet"):
+        (tmp_path / name).write_bytes(b"")
+    arguments, option = TOO_BIG[case]
+    entry = pipeline if case == "spinn-pipeline" else main
+    result = CliRunner().invoke(entry, arguments(tmp_path))
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code in (1, 2), (result.output, result.exception)
+    assert len(lines) == 1 and lines[0].startswith("error: ") and option in lines[0], result.stderr
+    assert "memory" in lines[0] or "range" in lines[0], lines[0]
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(
+        ["dev.jsonl", "pairs.csv", "m.pt", "s.parquet", *(["params.yaml"] if "params" in case else [])]
+    )
+
+
+# ----------------------------------------------------------------------------- archives
+
+BOMB_MEMBER = "snli_1.0/snli_1.0_dev.jsonl"
+BOMB_BYTES = 64 * 2**20
+"""64 MiB of one byte: deflate packs it about a thousandfold, as a zip bomb does."""
+
+
+@pytest.fixture(scope="module")
+def bomb(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("bomb") / "snli_1.0.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr(BOMB_MEMBER, b"{" * BOMB_BYTES)
+    return path
+
+
+ARCHIVE_READERS: dict[str, Callable[[Path, Path], list[str]]] = {
+    "download": lambda z, d: (
+        ["download", "--raw-dir", str(d / "raw"), "--file", str(z)] + ["--checksum", f"sha256:{file_digest(z)}"]
+    ),
+    "prepare": lambda z, d: ["prepare", str(z), "--member", BOMB_MEMBER, "--output-dir", str(d / "out")],
+    "check-binarization": lambda z, d: ["check-binarization", str(z), "--member", BOMB_MEMBER],
+}
+"""Every command that extracts or reads a zip archive."""
+
+
+@pytest.mark.parametrize("command", ARCHIVE_READERS)
+def test_a_zip_bomb_is_refused_before_it_is_extracted_or_read(command, bomb, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ARCHIVE_READERS[command](bomb, tmp_path))
+    assert result.exit_code == 1, (result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert f"{bomb.name}: member {BOMB_MEMBER!r} expands to {BOMB_BYTES} bytes" in lines[0], lines[0]
+    assert not any(path.stat().st_size > 2**20 for path in tmp_path.rglob("*") if path.is_file())
+
+
+# ----------------------------------------------------------------------------- rejects
+
+LONG_LINE_CHARS = 200_000
+
+
+def long_junk_line() -> str:
+    return "{" + "x" * (LONG_LINE_CHARS - 1)
+
+
+def snli_record(pair_id: str) -> dict:
+    return {
+        "gold_label": "entailment",
+        "pairID": pair_id,
+        "sentence1": "A dog runs.",
+        "sentence1_binary_parse": "( ( A dog ) ( runs . ) )",
+        "sentence2": "Animals move.",
+        "sentence2_binary_parse": "( Animals ( move . ) )",
+    }
+
+
+def prepare_long_line(folder: Path) -> tuple[list[str], Path]:
+    lines = [json.dumps(snli_record("a")), long_junk_line(), json.dumps(snli_record("b"))]
+    (folder / "dev.jsonl").write_text("\n".join(lines) + "\n")
+    arguments = ["prepare", str(folder / "dev.jsonl"), "--output-dir", str(folder / "out"), "--max-reject-ratio", "1"]
+    return arguments, folder / "out" / "dev.rejects.jsonl"
+
+
+def label_long_line(folder: Path, smoke_model) -> tuple[list[str], Path]:
+    rows = [{"premise": "A dog runs.", "hypothesis": "Dogs run."}] * 2
+    source = write_rows(folder / "pairs.jsonl", rows)
+    source.write_text(source.read_text() + long_junk_line() + "\n")
+    arguments = ["label", str(source), "--model", str(smoke_model.checkpoint), "--output", str(folder / "o.parquet")]
+    return [*arguments, "--parser", "model"], folder / "o.rejects.jsonl"
+
+
+REJECTING = {"prepare": lambda d, m: prepare_long_line(d), "label": label_long_line}
+"""Every command that writes a rejects file (parse reads rows with label's reader; it needs Stanza)."""
+
+
+@pytest.mark.parametrize("command", REJECTING)
+def test_a_rejects_file_keeps_a_bounded_excerpt_of_a_long_raw_line_and_its_length(
+    command, smoke_model, tmp_path, monkeypatch
+):
+    from spinn.data.rejects import RAW_EXCERPT_CHARS
+
+    monkeypatch.chdir(tmp_path)
+    arguments, rejects = REJECTING[command](tmp_path, smoke_model)
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == 0, (result.output, result.exception)
+    (reject,) = [json.loads(line) for line in rejects.read_text().splitlines()]
+    assert reject["raw"] == long_junk_line()[:RAW_EXCERPT_CHARS] and reject["raw_chars"] == LONG_LINE_CHARS
+    assert rejects.stat().st_size < 2 * RAW_EXCERPT_CHARS
