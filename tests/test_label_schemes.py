@@ -268,3 +268,18 @@ def frame_of(source: Path):
 
     pairs = [pair for pair in read_input_pairs(source) if isinstance(pair, InputPair)]
     return pd.DataFrame({"premise": [p.premise for p in pairs], "hypothesis": [p.hypothesis for p in pairs]})
+
+
+def test_parse_takes_the_scheme_from_the_files_sidecar(tmp_path):
+    """`0/1/2` in the sidecar (no option given): 0 is entailment and 2 contradiction, training labels both."""
+    source = tmp_path / "numbered.tsv"
+    source.write_text(
+        "sentence1\tsentence2\tlabel\nA cat runs.\tAn animal runs.\t0\nA cat runs.\tA cat sleeps.\t2\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "numbered.tsv.columns.json").write_text(json.dumps({"label_scheme": "0/1/2"}), encoding="utf-8")
+    arguments = ["parse", str(source), "--output-dir", str(tmp_path / "prepared"), "--trees", "none"]
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == 0 and "warning" not in result.stderr, result.output
+    labels = pq.read_table(tmp_path / "prepared" / "numbered.parquet").column("label").to_pylist()
+    assert labels == ["entailment", "contradiction"]
