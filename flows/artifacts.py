@@ -112,7 +112,9 @@ def describe_registration(registration: dict[str, Any]) -> str:
 
 
 def evaluation_facts(model: str, data: str, evaluated: dict[str, Any]) -> list[Row]:
-    return facts([("model", model), ("data", data), ("pairs", evaluated["examples"]), *_scores("", evaluated)])
+    """`label scheme`: the gold classes every score is in (three-way, glue, ...)."""
+    rows = [("model", model), ("data", data), ("label scheme", evaluated.get("label_scheme"))]
+    return facts([*rows, ("pairs", evaluated["examples"]), *_scores("", evaluated)])
 
 
 def labelled_file_rows(entries: dict[str, dict[str, Any]]) -> list[Row]:

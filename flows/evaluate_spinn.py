@@ -24,6 +24,7 @@ from flows import tasks
 from flows.artifacts import EVALUATION_KEY, evaluation_facts
 from flows.caching import run_stage
 from flows.settings import EvaluateRequest
+from spinn.data.label_schemes import THREE_WAY
 from spinn.training.calibration import RELIABILITY_DIR
 
 EVALUATIONS_DIR = Path("data/evaluations")
@@ -42,8 +43,8 @@ def evaluation_output(model: str, now: float | None = None) -> Path:
 
 @flow(name="evaluate-spinn", log_prints=True)
 def evaluate_spinn(evaluation: EvaluateRequest | None = None) -> dict[str, Any]:
-    """Accuracy, macro F1 and the confusion matrix, written beside `output` (by default a new folder under
-    data/evaluations); logged to the model's MLflow run."""
+    """Accuracy, macro F1 and the confusion matrix in the split's gold scheme, written beside `output` (by
+    default a new folder under data/evaluations); logged to the model's MLflow run."""
     evaluation = evaluation or EvaluateRequest()
     output = evaluation.output or evaluation_output(evaluation.model)
     stem = output.with_suffix("")
@@ -62,5 +63,6 @@ def evaluate_spinn(evaluation: EvaluateRequest | None = None) -> dict[str, Any]:
         key=EVALUATION_KEY,
         description=f"{evaluation.model} on {evaluation.data}",
     )
-    print(f"accuracy {evaluated['accuracy']:.4f} on {evaluated['examples']} pairs; metrics in {output}")
+    scheme = evaluated.get("label_scheme", THREE_WAY)  # a summary from before schemes: three-way
+    print(f"accuracy {evaluated['accuracy']:.4f} on {evaluated['examples']} pairs ({scheme}); metrics in {output}")
     return evaluated

@@ -180,7 +180,7 @@ def evaluate_stage(
         report_every_s=REPORT_EVERY_S,
     )
     written = (output, report_path(output), plot, predictions, *reliability_files(reliability).values())
-    return StageOutput.of(metrics.summary(), *written)
+    return StageOutput.of({**metrics.summary(), "label_scheme": metrics.label_scheme}, *written)
 
 
 @task(name="register", task_run_name="register")

@@ -1,7 +1,7 @@
 """Builders that several test modules share (test modules import them from here, never from one another):
 the `spinn` executable and a tiny training command, the smoke corpus's pairs as plain rows, files of rows, the
-offline Stanza set, the one-error-line check, damaged label runs, the label flow's Prefect records, and the
-process checks of the kill tests."""
+offline Stanza set, hand-written two-way corpus files (GLUE, HANS, SciTail), the one-error-line check, damaged
+label runs, the label flow's Prefect records, and the process checks of the kill tests."""
 
 from __future__ import annotations
 
@@ -222,3 +222,64 @@ def file_runs(state) -> dict[str, object]:
         return {
             run.name: run for run in client.read_flow_runs(flow_run_filter=FlowRunFilter(parent_flow_run_id=parent))
         }
+
+
+# ----------------------------------------------------------------------------- gold label schemes
+
+SCHEME_PAIRS = [
+    ("A cat is swimming.", "A happy cat is swimming.", "neutral"),
+    ("A cat is swimming.", "An animal is swimming.", "entailment"),
+    ("A cat is swimming.", "A cat is sleeping.", "contradiction"),
+    ("A little boy is playing a piano.", "A little boy is playing an instrument.", "entailment"),
+    ("A little boy is playing a piano.", "A little boy is riding a bicycle.", "contradiction"),
+    ("A young man is jumping.", "A man is moving.", "entailment"),
+    ("A young man is jumping.", "A young man is jumping in the field.", "neutral"),
+    ("A woman is swimming in the field.", "A person is moving in the field.", "entailment"),
+]
+"""Hand-written pairs and their three-way meaning; each scheme's file says it in its own two classes."""
+
+
+def glue_file(folder: Path) -> Path:
+    """GLUE's RTE layout: TSV with `index`, sentence1, sentence2, label (entailment / not_entailment)."""
+    rows = [
+        f"{i}\t{p}\t{h}\t{'entailment' if g == 'entailment' else 'not_entailment'}"
+        for i, (p, h, g) in enumerate(SCHEME_PAIRS)
+    ]
+    path = folder / "rte.tsv"
+    path.write_text("index\tsentence1\tsentence2\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def hans_file(folder: Path) -> Path:
+    """HANS's layout: TSV with gold_label first (entailment / non-entailment) and a pairID column."""
+    rows = [
+        f"{'entailment' if g == 'entailment' else 'non-entailment'}\t{p}\t{h}\tex{i}"
+        for i, (p, h, g) in enumerate(SCHEME_PAIRS)
+    ]
+    path = folder / "hans.tsv"
+    path.write_text("gold_label\tsentence1\tsentence2\tpairID\n" + "\n".join(rows) + "\n", encoding="utf-8")
+    return path
+
+
+def scitail_file(folder: Path) -> Path:
+    """SciTail's JSON lines: sentence1, sentence2, gold_label (entails / neutral)."""
+    rows = [
+        {"sentence1": p, "sentence2": h, "gold_label": "entails" if g == "entailment" else "neutral"}
+        for p, h, g in SCHEME_PAIRS
+    ]
+    path = folder / "scitail.jsonl"
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+    return path
+
+
+SCHEME_FILES = {"glue": glue_file, "hans": hans_file, "scitail": scitail_file}
+
+
+def hand_count(output: Path) -> float:
+    """Accuracy in a two-way scheme counted by hand: the model is right when it says entailment exactly where
+    the pair's meaning is entailment."""
+    predicted = pq.read_table(output, columns=["row", "label"]).to_pylist()
+    right = sum(
+        (row["label"] == "entailment") == (SCHEME_PAIRS[row["row"] - 1][2] == "entailment") for row in predicted
+    )
+    return right / len(SCHEME_PAIRS)

@@ -89,6 +89,29 @@ def test_ece_of_a_hand_counted_case():
     assert used[5].high == pytest.approx(0.4) and all(bin.accuracy is None for bin in reliability.bins[:5])
 
 
+def test_calibration_over_a_two_way_scheme_sums_the_labels_and_scores_the_answer_the_model_gave():
+    """Entailment against the rest (neutral, contradiction -> class 1). Probabilities (0.5, 0.3, 0.2): the
+    label entailment, class 0, confidence 0.5, gold 0: right. (0.4, 0.35, 0.25): the label entailment, so
+    the answer is class 0 at 0.4 (not the summed rest's 0.6), gold 1: wrong. (0.1, 0.6, 0.3): neutral, class 1
+    at 0.6 + 0.3 = 0.9, gold 1: right. Three bins of one pair: ECE = (0.5 + 0.4 + 0.1) / 3."""
+    probabilities = np.array([[0.5, 0.3, 0.2], [0.4, 0.35, 0.25], [0.1, 0.6, 0.3]])
+    calibration = Calibration.in_classes(np.log(probabilities), np.array([0, 1, 1]), np.array([0, 1, 1]), 1.0)
+    for reliability in (calibration.uncalibrated, calibration.calibrated):
+        assert reliability.ece == pytest.approx(1 / 3)
+        assert reliability.mean_confidence == pytest.approx((0.5 + 0.4 + 0.9) / 3)
+        used = [(bin.count, bin.confidence, bin.accuracy) for bin in reliability.bins if bin.count]
+        assert used == [(1, pytest.approx(0.4), 0.0), (1, pytest.approx(0.5), 1.0), (1, pytest.approx(0.9), 1.0)]
+
+
+def test_calibration_in_the_identity_scheme_is_the_three_way_one():
+    """Three-way splits are scored in the identity scheme: its calibration is `of`'s, to the last bit."""
+    logits, gold = calibrated_set(3)
+    for temperature in (1.0, 1.7):
+        assert Calibration.in_classes(logits, np.arange(len(LABELS)), gold, temperature) == Calibration.of(
+            logits, gold, temperature
+        )
+
+
 def test_calibration_of_a_calibrated_set_is_small_and_scaling_then_fitting_restores_it():
     logits, gold = calibrated_set(2)
     overconfident = logits * 2.0

@@ -19,67 +19,7 @@ from click.testing import CliRunner
 from spinn.cli import EXIT_USER_ERROR, main
 from spinn.data.label_schemes import SCHEMES, agreement, found_scheme, named_scheme, three_way_label
 from spinn.errors import SpinnError
-
-PAIRS = [
-    ("A cat is swimming.", "A happy cat is swimming.", "neutral"),
-    ("A cat is swimming.", "An animal is swimming.", "entailment"),
-    ("A cat is swimming.", "A cat is sleeping.", "contradiction"),
-    ("A little boy is playing a piano.", "A little boy is playing an instrument.", "entailment"),
-    ("A little boy is playing a piano.", "A little boy is riding a bicycle.", "contradiction"),
-    ("A young man is jumping.", "A man is moving.", "entailment"),
-    ("A young man is jumping.", "A young man is jumping in the field.", "neutral"),
-    ("A woman is swimming in the field.", "A person is moving in the field.", "entailment"),
-]
-"""Hand-written pairs and their three-way meaning; each scheme's file says it in its own two classes."""
-
-
-def said(meaning: str, entails: str, rest: str) -> str:
-    """A pair's three-way meaning in a two-way scheme's words."""
-    return entails if meaning == "entailment" else rest
-
-
-def glue_file(folder: Path) -> Path:
-    """GLUE's RTE layout: TSV with `index`, sentence1, sentence2, label (entailment / not_entailment)."""
-    rows = [
-        f"{i}\t{p}\t{h}\t{'entailment' if g == 'entailment' else 'not_entailment'}" for i, (p, h, g) in enumerate(PAIRS)
-    ]
-    path = folder / "rte.tsv"
-    path.write_text("index\tsentence1\tsentence2\tlabel\n" + "\n".join(rows) + "\n", encoding="utf-8")
-    return path
-
-
-def hans_file(folder: Path) -> Path:
-    """HANS's layout: TSV with gold_label first (entailment / non-entailment) and a pairID column."""
-    rows = [
-        f"{'entailment' if g == 'entailment' else 'non-entailment'}\t{p}\t{h}\tex{i}"
-        for i, (p, h, g) in enumerate(PAIRS)
-    ]
-    path = folder / "hans.tsv"
-    path.write_text("gold_label\tsentence1\tsentence2\tpairID\n" + "\n".join(rows) + "\n", encoding="utf-8")
-    return path
-
-
-def scitail_file(folder: Path) -> Path:
-    """SciTail's JSON lines: sentence1, sentence2, gold_label (entails / neutral)."""
-    rows = [
-        {"sentence1": p, "sentence2": h, "gold_label": "entails" if g == "entailment" else "neutral"}
-        for p, h, g in PAIRS
-    ]
-    path = folder / "scitail.jsonl"
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
-    return path
-
-
-SCHEME_FILES = {"glue": glue_file, "hans": hans_file, "scitail": scitail_file}
-
-
-def hand_count(output: Path) -> float:
-    """Accuracy in a two-way scheme counted by hand: the model is right when it says entailment exactly where
-    the pair's meaning is entailment."""
-    predicted = pq.read_table(output, columns=["row", "label"]).to_pylist()
-    right = sum((row["label"] == "entailment") == (PAIRS[row["row"] - 1][2] == "entailment") for row in predicted)
-    return right / len(PAIRS)
-
+from tests.helpers import SCHEME_FILES, SCHEME_PAIRS, glue_file, hand_count
 
 # ----------------------------------------------------------------------------- counting
 
@@ -140,10 +80,10 @@ def test_a_two_way_file_is_labelled_whole_and_scored_in_its_own_classes(scheme, 
     output = tmp_path / "out.parquet"
     result = label_command(source, output, smoke_model)
     assert result.exit_code == 0, result.output
-    assert f"{len(PAIRS)} labelled, 0 rejected" in result.output
+    assert f"{len(SCHEME_PAIRS)} labelled, 0 rejected" in result.output
     accuracy = hand_count(output)
     classes = " / ".join(SCHEMES[scheme].classes)
-    assert f"accuracy against the file's gold labels ({scheme}: {classes}): {accuracy:.4f} on {len(PAIRS)}" in (
+    assert f"accuracy against the file's gold labels ({scheme}: {classes}): {accuracy:.4f} on {len(SCHEME_PAIRS)}" in (
         result.output
     )
     assert "warning" not in result.stderr
@@ -160,10 +100,10 @@ def test_a_gold_value_outside_the_scheme_is_a_warning_with_counts_and_the_pair_i
     lines[1] = lines[1].rsplit("\t", 1)[0] + "\tmaybe"  # one row's gold is in no scheme
     source.write_text("\n".join(lines) + "\n", encoding="utf-8")
     result = label_command(source, tmp_path / "out.parquet", smoke_model)
-    assert result.exit_code == 0 and f"{len(PAIRS)} labelled, 0 rejected" in result.output
+    assert result.exit_code == 0 and f"{len(SCHEME_PAIRS)} labelled, 0 rejected" in result.output
     [warning] = [line for line in result.stderr.splitlines() if line.startswith("warning: ")]
     assert str(source) in warning and "1 rows have gold labels outside the glue" in warning and "'maybe' 1" in warning
-    assert f"on {len(PAIRS) - 1} pairs" in result.output
+    assert f"on {len(SCHEME_PAIRS) - 1} pairs" in result.output
 
 
 @pytest.mark.parametrize("ignore", [["--no-gold"], ["--label-column", "none"]])
@@ -210,22 +150,26 @@ def test_rows_refused_for_length_name_the_option_in_the_summary(smoke_model, tmp
 
 def test_glue_index_is_the_id_column(smoke_model, tmp_path):
     label_command(glue_file(tmp_path), tmp_path / "out.parquet", smoke_model)
-    assert pq.read_table(tmp_path / "out.parquet").column("pair_id").to_pylist() == [str(i) for i in range(len(PAIRS))]
+    assert pq.read_table(tmp_path / "out.parquet").column("pair_id").to_pylist() == [
+        str(i) for i in range(len(SCHEME_PAIRS))
+    ]
 
 
 # ----------------------------------------------------------------------------- spinn parse
 
 
 def test_parse_keeps_every_pair_of_a_two_way_file_and_says_its_labels_are_not_the_models(tmp_path):
-    """A prepared split holds the model's three classes: not_entailment is none of them, so those rows are
-    written without a label (and counted in a warning), never rejected."""
+    """A prepared split trains on the model's three classes: not_entailment is none of them, so those rows are
+    written without a training label (and counted in a warning), never rejected, their gold value kept."""
     source = glue_file(tmp_path)
     arguments = ["parse", str(source), "--output-dir", str(tmp_path / "prepared"), "--trees", "none"]
     result = CliRunner().invoke(main, arguments)
     assert result.exit_code == 0, result.output
     labels = pq.read_table(tmp_path / "prepared" / "rte.parquet").column("label").to_pylist()
-    assert labels == ["entailment" if gold == "entailment" else None for _, _, gold in PAIRS]
-    not_entailment = sum(gold != "entailment" for _, _, gold in PAIRS)
+    assert labels == ["entailment" if gold == "entailment" else None for _, _, gold in SCHEME_PAIRS]
+    kept = pq.read_table(tmp_path / "prepared" / "rte.parquet").column("gold").to_pylist()
+    assert kept == ["entailment" if gold == "entailment" else "not_entailment" for _, _, gold in SCHEME_PAIRS]
+    not_entailment = sum(gold != "entailment" for _, _, gold in SCHEME_PAIRS)
     assert f"{not_entailment} rows have gold labels that are not the model's three classes" in result.stderr
     assert "'not_entailment'" in result.stderr
 
@@ -253,7 +197,9 @@ def test_each_door_labels_a_two_way_file_alike_and_shows_its_accuracy_where_user
     inbox, command = tmp_path / "inbox", tmp_path / "command"
     inbox.mkdir(), command.mkdir()
     sources = {scheme: make(inbox) for scheme, make in SCHEME_FILES.items()}
-    mostly_rejected = [{"premise": "" if i else PAIRS[0][0], "hypothesis": PAIRS[0][1]} for i in range(10)]
+    mostly_rejected = [
+        {"premise": "" if i else SCHEME_PAIRS[0][0], "hypothesis": SCHEME_PAIRS[0][1]} for i in range(10)
+    ]
     pd.DataFrame(mostly_rejected).to_csv(inbox / MOSTLY_REJECTED, index=False)
 
     by_command = {}
@@ -322,3 +268,18 @@ def frame_of(source: Path):
 
     pairs = [pair for pair in read_input_pairs(source) if isinstance(pair, InputPair)]
     return pd.DataFrame({"premise": [p.premise for p in pairs], "hypothesis": [p.hypothesis for p in pairs]})
+
+
+def test_parse_takes_the_scheme_from_the_files_sidecar(tmp_path):
+    """`0/1/2` in the sidecar (no option given): 0 is entailment and 2 contradiction, training labels both."""
+    source = tmp_path / "numbered.tsv"
+    source.write_text(
+        "sentence1\tsentence2\tlabel\nA cat runs.\tAn animal runs.\t0\nA cat runs.\tA cat sleeps.\t2\n",
+        encoding="utf-8",
+    )
+    (tmp_path / "numbered.tsv.columns.json").write_text(json.dumps({"label_scheme": "0/1/2"}), encoding="utf-8")
+    arguments = ["parse", str(source), "--output-dir", str(tmp_path / "prepared"), "--trees", "none"]
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == 0 and "warning" not in result.stderr, result.output
+    labels = pq.read_table(tmp_path / "prepared" / "numbered.parquet").column("label").to_pylist()
+    assert labels == ["entailment", "contradiction"]

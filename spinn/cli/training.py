@@ -145,7 +145,13 @@ def train(
     required=True,
     help="Checkpoint path or MLflow model URI (models:/spinn@champion, runs:/ID/model).",
 )
-@click.option("--data", type=PATH, required=True, callback=input_file, help="Prepared split to score.")
+@click.option(
+    "--data",
+    type=PATH,
+    required=True,
+    callback=input_file,
+    help="Prepared split to score (`spinn prepare`'s, or `spinn parse`'s for sentence pairs in any gold scheme).",
+)
 @click.option(
     "--output", default="metrics.json", show_default=True, callback=output_with_suffix(".json"), help="Metrics JSON."
 )
@@ -175,7 +181,7 @@ def evaluate(
     config_path: Path | None,
     **options: Any,
 ) -> None:
-    """Score a trained model on a prepared split: accuracy, per-class P/R/F1, confusion matrix."""
+    """Score a trained model on a prepared split in its gold scheme: accuracy, per-class P/R/F1, confusion."""
     from spinn.training.evaluate import evaluate as evaluate_stage
     from spinn.training.evaluate import report_path
     from spinn.training.progress import report_interval
@@ -195,6 +201,7 @@ def evaluate(
         report_every_s=report_every_s,
     )
     line = f"accuracy {metrics.accuracy:.4f} on {metrics.examples} pairs (macro F1 {metrics.macro_f1:.4f})"
+    line += f" in the {metrics.label_scheme} scheme ({' / '.join(metrics.classes)})"
     if metrics.transition_accuracy is not None:
         line += f", transition accuracy {metrics.transition_accuracy:.4f}"
     if metrics.oov_share is not None:

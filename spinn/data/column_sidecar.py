@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from spinn.errors import SpinnError
+from spinn.settings import Settings
 
 SIDECAR_SUFFIX = ".columns.json"
+S = TypeVar("S", bound=Settings)
 
 
 def sidecar_path(path: Path) -> Path:
@@ -34,3 +36,9 @@ def sidecar_columns(path: Path) -> dict[str, Any]:
     if not isinstance(mapping, dict):
         raise SpinnError(f'{sidecar}: expected a JSON object of role -> column, e.g. {{"label": "gold"}}')
     return mapping
+
+
+def over_sidecar(path: Path, columns: S) -> S:
+    """The columns named for this file: those given, over its sidecar's (the label scheme too)."""
+    given = columns.model_dump(exclude_none=True)
+    return type(columns).build(sidecar_columns(path), given, where=str(sidecar_path(path)))

@@ -28,6 +28,8 @@ from spinn.errors import SpinnError
 
 ENTAILMENT = LABELS[0]
 AUTO = "auto"
+THREE_WAY = "three-way"
+"""The model's own classes: the scheme of a split whose labels are its gold (SNLI, `spinn prepare`'s)."""
 SEPARATOR = "/"
 NO_GOLD = "none"
 """The label column named `none`: the file's gold labels, if any, are ignored."""
@@ -59,7 +61,7 @@ def three_way(name: str, classes: tuple[str, ...]) -> LabelScheme:
 SCHEMES: dict[str, LabelScheme] = {
     scheme.name: scheme
     for scheme in (
-        three_way("three-way", LABELS),
+        three_way(THREE_WAY, LABELS),
         two_way("glue", "entailment", "not_entailment"),
         two_way("hans", "entailment", "non-entailment"),
         two_way("scitail", "entails", "neutral"),
@@ -170,7 +172,7 @@ def agreement(
     no row has a gold value in the scheme. Values are matched case-blind; rows without gold are left out."""
     counts = gold_predicted if isinstance(gold_predicted, Mapping) else Counter(gold_predicted)
     counts = Counter(
-        {(str(gold).strip().lower(), predicted): n for (gold, predicted), n in counts.items() if gold and predicted}
+        {(gold_value(gold), predicted): n for (gold, predicted), n in counts.items() if gold and predicted}
     )
     gold_rows = Counter()
     for (gold, _), rows in counts.items():
@@ -188,8 +190,16 @@ def agreement(
     return Agreement(chosen, confusion, outside)
 
 
-def outside_words(found: Agreement | None, gold_rows: Mapping[str, int], source: str) -> str | None:
-    """The warning for gold values that were not scored, naming `source` and the counts; None when all were."""
+def gold_value(value: object) -> str:
+    """A gold value as schemes name their classes: `Entailment ` is `entailment`."""
+    return str(value).strip().lower()
+
+
+def outside_words(
+    found: Agreement | None, gold_rows: Mapping[str, int], source: str, *, no_gold: bool = True
+) -> str | None:
+    """The warning for gold values that were not scored, naming `source` and the counts; None when all were.
+    `no_gold`: the command has --no-gold to offer (`spinn evaluate`, which needs gold, has not)."""
     outside = found.outside if found is not None else dict(gold_rows)
     if not outside:
         return None
@@ -197,7 +207,8 @@ def outside_words(found: Agreement | None, gold_rows: Mapping[str, int], source:
     where = f"outside the {found.scheme.describe()} scheme" if found is not None else "in no known scheme"
     return (
         f"{source}: {sum(outside.values())} rows have gold labels {where} ({values}); they are labelled and left "
-        "out of the accuracy: name the scheme with --label-scheme (e.g. yes/no, entailment first), or --no-gold"
+        "out of the accuracy: name the scheme with --label-scheme (e.g. yes/no, entailment first)"
+        + (", or --no-gold" if no_gold else "")
     )
 
 
@@ -207,7 +218,7 @@ def three_way_label(value: str | None, scheme: str | None = None) -> str | None:
     outside the scheme: what a prepared split, which holds the model's classes, can keep."""
     if value is None:
         return None
-    chosen = SCHEMES["three-way"] if scheme in (None, AUTO) else named_scheme(scheme)
+    chosen = SCHEMES[THREE_WAY] if scheme in (None, AUTO) else named_scheme(scheme)
     if len(chosen.classes) != len(LABELS):
         return None
     return dict(zip(chosen.classes, LABELS, strict=True)).get(value)

@@ -1,7 +1,8 @@
 """Sentence pairs as the model's inputs: tokens and transitions read from a corpus, then word ids.
 
 `read_raw_pairs` reads an SNLI-format JSONL file (its binary parses, validated
-as `spinn prepare` validates them) or a prepared Parquet split; `encode_pairs`
+as `spinn prepare` validates them) or a prepared Parquet split, each pair with
+its gold value in the file's own scheme (`split_gold_scheme`); `encode_pairs`
 maps words to vocabulary ids, giving the `Example`s that batches are made of.
 Here, not in the model, is where corpora are read.
 """
@@ -16,7 +17,7 @@ from pathlib import Path
 from spinn.data.corpus import LABEL_FIELD, SENTENCES, TreeSource, iter_records, open_corpus, sentence_transitions
 from spinn.data.example import Example
 from spinn.data.rejects import RecordProblem
-from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL, read_pairs
+from spinn.data.schema import GOLD_COLUMN, LABELS, NO_CONSENSUS_LABEL, gold_scheme, read_pair_schema, read_pairs
 from spinn.data.vocab import Vocabulary, vocabulary_from_counts
 from spinn.errors import SpinnError
 
@@ -32,6 +33,10 @@ class RawPair:
     hypothesis: tuple[str, ...]
     hypothesis_transitions: tuple[int, ...]
     label: int | None
+    """The model's class, for training: None where the gold value is none of them (or there is none)."""
+    gold: str | None = None
+    """The gold value as the file gives it, in its own scheme (`split_gold_scheme`): the label's name in a
+    three-way file, `not_entailment` in a GLUE one."""
 
 
 def read_raw_pairs(path: Path) -> list[RawPair]:
@@ -46,7 +51,18 @@ def read_raw_pairs(path: Path) -> list[RawPair]:
         return _parquet_pairs(path)
     if path.name.endswith(_JSONL_SUFFIXES):
         return _jsonl_pairs(path)
-    raise SpinnError(f"{path}: expected an SNLI .jsonl/.jsonl.gz or a prepared .parquet file")
+    raise SpinnError(
+        f"{path}: expected an SNLI .jsonl/.jsonl.gz or a prepared .parquet file (sentence pairs without parses: "
+        "`spinn parse` them first)"
+    )
+
+
+def split_gold_scheme(path: Path) -> str | None:
+    """The scheme `read_raw_pairs`' gold values are in, as `spinn parse` was told it (auto: to be found from
+    the values); None when the gold values are the model's three classes (an SNLI file, `spinn prepare`'s
+    splits)."""
+    path = Path(path)
+    return gold_scheme(read_pair_schema(path)) if path.name.endswith(".parquet") else None
 
 
 def _jsonl_pairs(path: Path) -> list[RawPair]:
@@ -72,6 +88,7 @@ def _jsonl_pairs(path: Path) -> list[RawPair]:
                     tuple(hypothesis[0]),
                     tuple(hypothesis[1]),
                     LABELS.index(label) if label in LABELS else None,
+                    label,
                 )
             )
     return pairs
@@ -79,10 +96,12 @@ def _jsonl_pairs(path: Path) -> list[RawPair]:
 
 def _parquet_pairs(path: Path) -> list[RawPair]:
     columns = ["label", "premise_tokens", "premise_transitions", "hypothesis_tokens", "hypothesis_transitions"]
-    table = read_pairs(path, columns=columns).to_pydict()
+    with_gold = split_gold_scheme(path) is not None
+    table = read_pairs(path, columns=[*columns, *([GOLD_COLUMN] if with_gold else [])]).to_pydict()
+    gold = table[GOLD_COLUMN] if with_gold else table["label"]  # a file without a gold column: its labels
     return [
-        RawPair(tuple(p), tuple(pt), tuple(h), tuple(ht), LABELS.index(label) if label in LABELS else None)
-        for label, p, pt, h, ht in zip(*(table[name] for name in columns), strict=True)
+        RawPair(tuple(p), tuple(pt), tuple(h), tuple(ht), LABELS.index(label) if label in LABELS else None, value)
+        for label, p, pt, h, ht, value in zip(*(table[name] for name in columns), gold, strict=True)
     ]
 
 

@@ -3,7 +3,9 @@
 Every stage that reads or writes `data/prepared/<split>.parquet` goes through
 this module, so a change of layout is one edit and one version bump, and a
 file written by another version is refused with a clear message instead of
-failing deep inside training.
+failing deep inside training. An optional column (GOLD_FIELD) needs no bump: a
+reader that does not know it never reads it, and a file without it means what
+every file meant before it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ META_TRANSITIONS = b"spinn.transitions"
 META_LABELS = b"spinn.labels"
 META_SOURCE = b"spinn.source"
 META_TREES = b"spinn.trees"
+META_LABEL_SCHEME = b"spinn.label_scheme"
 
 _TOKENS = pa.list_(pa.string())
 _TRANSITIONS = pa.list_(pa.int8())
@@ -43,10 +46,17 @@ PAIR_FIELDS: tuple[pa.Field, ...] = (
     pa.field("hypothesis_transitions", _TRANSITIONS, nullable=False),
     pa.field("source_line", pa.int64(), nullable=False),
 )
+GOLD_COLUMN = "gold"
+GOLD_FIELD = pa.field(GOLD_COLUMN, pa.string(), nullable=True)
+"""Optional: each pair's gold value as its corpus gave it, in the corpus's own scheme (`spinn parse` writes it,
+with the scheme in META_LABEL_SCHEME). `label` holds only the model's three classes, for training: a two-way
+pair's `not_entailment` is kept here, and `spinn evaluate` scores it. A file without the column (`spinn
+prepare`'s, and every older one) has its labels as its gold, three-way."""
 
 
-def pair_schema(source: str = "", trees: str = "") -> pa.Schema:
-    """The schema with its metadata: version, transition and label names, provenance."""
+def pair_schema(source: str = "", trees: str = "", label_scheme: str | None = None) -> pa.Schema:
+    """The schema with its metadata: version, transition and label names, provenance; with a `label_scheme`
+    (as `spinn parse` was told it: a scheme's name, or auto), also the GOLD_FIELD column in that scheme."""
     metadata = {
         META_VERSION: SCHEMA_VERSION.encode(),
         META_TRANSITIONS: json.dumps(TRANSITION_NAMES).encode(),
@@ -54,7 +64,18 @@ def pair_schema(source: str = "", trees: str = "") -> pa.Schema:
         META_SOURCE: source.encode(),
         META_TREES: trees.encode(),
     }
-    return pa.schema(PAIR_FIELDS, metadata=metadata)
+    if label_scheme is None:
+        return pa.schema(PAIR_FIELDS, metadata=metadata)
+    return pa.schema((*PAIR_FIELDS, GOLD_FIELD), metadata={**metadata, META_LABEL_SCHEME: label_scheme.encode()})
+
+
+def gold_scheme(schema: pa.Schema) -> str | None:
+    """The scheme a file's GOLD_COLUMN is in, as `spinn parse` was told it (a file that does not say: `auto`,
+    found from the values, as spinn.data.label_schemes.AUTO); None for a file without that column, whose labels
+    are its gold (three-way)."""
+    if schema.get_field_index(GOLD_COLUMN) < 0:
+        return None
+    return (schema.metadata or {}).get(META_LABEL_SCHEME, b"").decode() or "auto"
 
 
 def check_pair_schema(schema: pa.Schema, path: Path) -> None:
@@ -66,7 +87,7 @@ def check_pair_schema(schema: pa.Schema, path: Path) -> None:
             f"{path}: prepared-pairs schema version {version}, expected {SCHEMA_VERSION}; "
             "rerun `spinn prepare` with this version"
         )
-    for expected in PAIR_FIELDS:
+    for expected in (*PAIR_FIELDS, *([GOLD_FIELD] if schema.get_field_index(GOLD_COLUMN) >= 0 else [])):
         index = schema.get_field_index(expected.name)
         if index < 0:
             raise SpinnError(f"{path}: column {expected.name!r} is missing")
@@ -82,6 +103,12 @@ def check_pair_schema(schema: pa.Schema, path: Path) -> None:
 def read_pairs(path: Path, columns: list[str] | None = None) -> pa.Table:
     """Read a prepared-pairs file after checking its schema (and finishing its publication, if a killed
     `spinn prepare` left that half done: the rejects beside it then match it)."""
+    read_pair_schema(path)
+    return pq.read_table(path, columns=columns)
+
+
+def read_pair_schema(path: Path) -> pa.Schema:
+    """A prepared-pairs file's schema, with its metadata, once checked (and the file's publication finished)."""
     path = Path(path)
     settle(path)
     if not path.exists():
@@ -92,4 +119,4 @@ def read_pairs(path: Path, columns: list[str] | None = None) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as error:
         raise SpinnError(f"{path}: not a Parquet file ({error})") from None
     check_pair_schema(schema, path)
-    return pq.read_table(path, columns=columns)
+    return schema

@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import AfterValidator, Field
 
-from spinn.data.column_sidecar import sidecar_columns, sidecar_path
+from spinn.data.column_sidecar import over_sidecar
 from spinn.data.label_schemes import NO_GOLD, checked_scheme
 from spinn.data.limits import TEXT_MAX_TOKENS, check_length, max_chars
 from spinn.data.rejects import RecordProblem, Reject, RejectReason, not_text, reject_pair_id
@@ -168,8 +168,7 @@ def read_input_pairs(
     path = refuse_special_file(Path(path))
     if not path.is_file():
         raise SpinnError(f"{path}: no such file")
-    given = (columns or Columns()).model_dump(exclude_none=True)  # over the file's sidecar, if it has one
-    columns = Columns.build(sidecar_columns(path), given, where=str(sidecar_path(path)))
+    columns = over_sidecar(path, columns or Columns())
     detected = detect_format(path, fmt)
     _check_content(path, detected)
     reader = _READERS[detected]

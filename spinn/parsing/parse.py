@@ -14,7 +14,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import Literal
@@ -22,10 +22,11 @@ from typing import Literal
 import pyarrow as pa
 from pydantic import Field
 
-from spinn.data.label_schemes import three_way_label
+from spinn.data.column_sidecar import over_sidecar
+from spinn.data.label_schemes import AUTO, three_way_label
 from spinn.data.prepare import PairWriter, PrepareSummary, infer_split
 from spinn.data.rejects import Reject, RejectReason
-from spinn.data.schema import pair_schema
+from spinn.data.schema import GOLD_COLUMN, gold_scheme, pair_schema
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
 from spinn.data.split_files import prepared_files, with_partner
 from spinn.errors import SpinnWarning
@@ -121,7 +122,9 @@ def parse_pairs(
 ) -> PrepareSummary:
     """Parse, binarize and write `<split>.parquet` and `<split>.rejects.jsonl` under output_dir.
 
-    trees="none" stores tokens only (no Stanza): data for models that build their own trees."""
+    trees="none" stores tokens only (no Stanza): data for models that build their own trees. Each pair's gold
+    value is kept in its own scheme (the `gold` column, the scheme in the file's metadata: what `spinn
+    evaluate` scores); its `label`, for training, only where that value is one of the model's classes."""
     settings = settings or ParseSettings()
     trees, columns, input_format = settings.trees, settings.columns, settings.input_format
     input_path, output_dir = Path(input_path), Path(output_dir)
@@ -130,12 +133,13 @@ def parse_pairs(
     outputs = (summary.output, summary.rejects)
     max_tokens = settings.parsing.max_tokens
     pairs = read_input_pairs(input_path, columns, input_format, max_tokens=max_tokens)  # whole-file problems: now
+    scheme = over_sidecar(input_path, columns).label_scheme or AUTO  # the sidecar's, unless one was named
     not_three_way: Counter[str] = Counter()
     with publishing(outputs, inputs=with_partner(input_path), names=(split,)):
         own_parser = parser is None
         parser = parser or _own_parser(trees, settings.parsing)
         try:
-            _write(_three_way(pairs, columns.label_scheme, not_three_way), parser, summary, trees)
+            _write(_counting_not_three_way(pairs, scheme, not_three_way), parser, summary, trees, scheme)
         finally:
             if own_parser:
                 parser.close()
@@ -143,24 +147,21 @@ def parse_pairs(
         values = ", ".join(f"{value!r} {rows}" for value, rows in not_three_way.most_common(10))
         message = (
             f"{input_path}: {sum(not_three_way.values())} rows have gold labels that are not the model's three "
-            f"classes ({values}): written without a label, since a prepared split holds those classes; "
-            "`spinn label` scores them in their own scheme"
+            f"classes ({values}): written with their gold value but no training label (a prepared split trains "
+            "on the model's classes); `spinn evaluate` scores them in their own scheme"
         )
         warnings.warn(SpinnWarning(message), stacklevel=2)
     return summary
 
 
-def _three_way(
-    pairs: Iterator[InputPair | Reject], scheme: str | None, not_three_way: Counter[str]
+def _counting_not_three_way(
+    pairs: Iterator[InputPair | Reject], scheme: str, not_three_way: Counter[str]
 ) -> Iterator[InputPair | Reject]:
-    """Each pair's gold label as one of the model's classes (a `0/1/2` scheme's `0` is entailment), or none,
-    counted, when its value is not one: a gold label never keeps a pair out."""
+    """The pairs as they come, counting the gold values that are none of the model's classes (`_row` writes
+    them without a training label): a gold label never keeps a pair out."""
     for pair in pairs:
-        if isinstance(pair, InputPair) and pair.label is not None:
-            label = three_way_label(pair.label, scheme)
-            if label is None:
-                not_three_way[pair.label] += 1
-            pair = replace(pair, label=label)
+        if isinstance(pair, InputPair) and pair.label is not None and three_way_label(pair.label, scheme) is None:
+            not_three_way[pair.label] += 1
         yield pair
 
 
@@ -169,18 +170,21 @@ def _own_parser(trees: str, parsing: ParserSettings) -> Parser:
     return TokenOnly(parsing.max_tokens) if trees == TREES_NONE else SentenceParser(parsing)
 
 
-def _write(pairs: Iterator[InputPair | Reject], parser: Parser, summary: PrepareSummary, trees: str) -> None:
-    """Parse the pairs chunk by chunk into the split's two files, published together."""
+def _write(
+    pairs: Iterator[InputPair | Reject], parser: Parser, summary: PrepareSummary, trees: str, scheme: str
+) -> None:
+    """Parse the pairs chunk by chunk into the split's two files, published together; `scheme`: the gold
+    values', as named (auto: found from the values where they are scored)."""
     with (
         atomic_paths(summary.output, summary.rejects) as (parquet_tmp, rejects_tmp),
         rejects_tmp.open("w", encoding="utf-8") as rejects,
     ):
         source = summary.source
-        schema = pair_schema(source=source, trees=TREES_NONE if trees == TREES_NONE else f"stanza:{parser.model_id}")
+        tree_source = TREES_NONE if trees == TREES_NONE else f"stanza:{parser.model_id}"
+        schema = pair_schema(source=source, trees=tree_source, label_scheme=scheme)
         writer = PairWriter(parquet_tmp, schema)
         for chunk in _chunks(pairs):
-            table = _parse_chunk(chunk, parser, source, summary, rejects)
-            writer.add(table.replace_schema_metadata(schema.metadata))
+            writer.add(_parse_chunk(chunk, parser, schema, summary, rejects))
         writer.close()
 
 
@@ -190,22 +194,23 @@ def _chunks(items: Iterator[InputPair | Reject]) -> Iterator[list[InputPair | Re
 
 
 def _parse_chunk(
-    chunk: list[InputPair | Reject], parser: Parser, source: str, summary: PrepareSummary, rejects
+    chunk: list[InputPair | Reject], parser: Parser, schema: pa.Schema, summary: PrepareSummary, rejects
 ) -> pa.Table:
-    """Parse the chunk's distinct sentences; return its good pairs as a table, log the rest as rejects."""
+    """Parse the chunk's distinct sentences; return its good pairs as a table of `schema`, log the rest as
+    rejects."""
     pairs = [item for item in chunk if isinstance(item, InputPair)]
     parsed = parser.parse(text for pair in pairs for text in (pair.premise, pair.hypothesis))
-    rows = []
+    rows, scheme = [], gold_scheme(schema)
     summary.read += len(chunk)
     for item in chunk:
-        problem = item if isinstance(item, Reject) else _first_problem(item, parsed, source)
+        problem = item if isinstance(item, Reject) else _first_problem(item, parsed, summary.source)
         if problem is not None:
             summary.rejected[problem.reason.value] += 1
             rejects.write(problem.to_json() + "\n")
             continue
-        rows.append(_row(item, parsed[item.premise], parsed[item.hypothesis]))
+        rows.append(_row(item, parsed[item.premise], parsed[item.hypothesis], scheme))
     summary.written += len(rows)
-    return pa.Table.from_pylist(rows, schema=pair_schema())
+    return pa.Table.from_pylist(rows, schema=schema)
 
 
 def _first_problem(pair: InputPair, parsed: dict[str, Parsed | Unparsed], source: str) -> Reject | None:
@@ -220,10 +225,12 @@ def _first_problem(pair: InputPair, parsed: dict[str, Parsed | Unparsed], source
     return None
 
 
-def _row(pair: InputPair, premise: Parsed, hypothesis: Parsed) -> dict:
+def _row(pair: InputPair, premise: Parsed, hypothesis: Parsed, scheme: str | None) -> dict:
+    """The pair's row: its gold value as given, and as `label` the model's class that value is, if any."""
     return {
         "pair_id": pair.pair_id,
-        "label": pair.label,
+        "label": three_way_label(pair.label, scheme),
+        GOLD_COLUMN: pair.label,
         "premise": pair.premise,
         "hypothesis": pair.hypothesis,
         "premise_tokens": premise.tokens,

@@ -119,9 +119,13 @@ class Reliability:
 
     @classmethod
     def of(cls, probabilities: np.ndarray, gold: np.ndarray, bins: int = ECE_BINS) -> Reliability:
+        """Of the top probability of each pair, right when its class is the gold one."""
         probabilities, gold = _checked(probabilities, gold)
-        confidence = probabilities.max(axis=1)  # (N,)
-        correct = probabilities.argmax(axis=1) == gold  # (N,)
+        return cls.binned(probabilities.max(axis=1), probabilities.argmax(axis=1) == gold, bins)
+
+    @classmethod
+    def binned(cls, confidence: np.ndarray, correct: np.ndarray, bins: int = ECE_BINS) -> Reliability:
+        """Of the probability given to each pair's answer (`confidence`, (N,)) and whether it was right."""
         edges = np.arange(bins + 1) / bins  # (bins + 1,) exactly i / bins
         # (low, high]: searchsorted's left side puts a top probability equal to an edge in the bin it closes
         index = np.clip(np.searchsorted(edges, confidence, side="left") - 1, 0, bins - 1)  # (N,)
@@ -138,7 +142,7 @@ class Reliability:
             )
             for b in range(bins)
         )
-        ece = float(np.abs(correct_sums - confidence_sums).sum() / len(gold))  # sum of count/N * |acc - conf|
+        ece = float(np.abs(correct_sums - confidence_sums).sum() / len(confidence))  # sum of count/N * |acc - conf|
         return cls(table, ece, float(confidence.mean()))
 
     def to_json(self) -> dict:
@@ -164,6 +168,25 @@ class Calibration:
         return cls(
             temperature, Reliability.of(softmax(logits), gold), Reliability.of(softmax(logits, temperature), gold)
         )
+
+    @classmethod
+    def in_classes(
+        cls, logits: np.ndarray, class_of_label: np.ndarray, gold: np.ndarray, temperature: float
+    ) -> Calibration:
+        """Over a gold scheme's K classes, which the model's C labels map onto (`class_of_label`, (C,) class
+        indices; `gold`, (N,) class indices): a class's probability is the sum of its labels', and a pair's
+        confidence that of the class its label (the largest logit) maps to, so the bins count the scheme's
+        own right answers. With the identity map (three-way), what `of` gives."""
+        logits, gold = _checked(logits, gold)
+        to_class = np.eye(int(class_of_label.max()) + 1)[class_of_label]  # (C, K) one-hot rows
+        predicted = np.asarray(class_of_label)[logits.argmax(axis=1)]  # (N,) the label's class
+
+        def reliability(at: float) -> Reliability:
+            probabilities = softmax(logits, at) @ to_class  # (N, K)
+            confidence = probabilities[np.arange(len(gold)), predicted]  # (N,)
+            return Reliability.binned(confidence, predicted == gold)
+
+        return cls(temperature, reliability(1.0), reliability(temperature))
 
     def summary(self) -> dict[str, float]:
         """The headline numbers, for metrics files (DVC) and MLflow."""

@@ -8,27 +8,30 @@ same numbers. The split is encoded with the model's vocabulary; the metrics
 report the share of its tokens outside it, with a warning when that is most
 of them. The probabilities are the model's own (its softmax temperature
 applied), and the metrics give their expected calibration error before and
-after that temperature (spinn.training.calibration). `predict_examples` is
-also what training calls for its periodic dev evaluation.
+after that temperature (spinn.training.calibration). Every figure is in the
+split's own gold scheme (spinn.training.scheme_scores: a two-way corpus's
+entailment / not_entailment; the identity for three-way splits).
+`predict_examples` is also what training calls for its periodic dev
+evaluation.
 """
 
 from __future__ import annotations
 
 import csv
 import warnings
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
 
 import numpy
 import torch
-from pydantic import Field
+from pydantic import AfterValidator, Field
 from tqdm import tqdm
 
 from spinn.data.example import Example
+from spinn.data.label_schemes import THREE_WAY, checked_scheme
 from spinn.data.pairs import encode_pairs, read_raw_pairs
-from spinn.data.schema import LABELS
 from spinn.data.split_files import with_partner
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError, SpinnWarning
@@ -43,9 +46,12 @@ from spinn.settings import Device, Settings
 from spinn.training.calibration import RELIABILITY_DIR, Calibration, reliability_files, write_reliability
 from spinn.training.metrics import Metrics, plot_confusion, score
 from spinn.training.progress import ProgressClock
+from spinn.training.scheme_scores import Judged, read_gold_split
 from spinn.trees.transitions import bracket_counts
 
 EVAL_BATCH_SIZE = 256
+LABEL_SCHEME_TAG = "label_scheme"
+"""`<split>_label_scheme`: the tag that names the gold scheme a split's scores on a run are in."""
 
 
 @dataclass(frozen=True)
@@ -86,15 +92,42 @@ def predict_examples(
     are kept. Bracket F1 compares the trees the tracker built (greedy) with the examples' own parses.
     `report_every_s`: also print a progress line with an ETA that often (logs, where no bar shows).
     `temperature`: the model's (`Checkpoint.softmax_temperature`); the labels do not depend on it."""
+    found, bracket_f1 = run_examples(
+        model,
+        examples,
+        device,
+        source=source,
+        batch_size=batch_size,
+        step=step,
+        progress=progress,
+        report_every_s=report_every_s,
+        temperature=temperature,
+    )
+    gold = numpy.array([example.label for example in examples], dtype=numpy.int64)  # (N,)
+    return Scored(gold, found.labels, found.transition_accuracy, found.logits, found.temperature, bracket_f1)
+
+
+def run_examples(
+    model: SPINN,
+    examples: Sequence[Example],
+    device: torch.device,
+    *,
+    source: TransitionSource,
+    batch_size: int = EVAL_BATCH_SIZE,
+    step: InferStep | None = None,
+    progress: bool = False,
+    report_every_s: float | None = None,
+    temperature: float = 1.0,
+) -> tuple[Predictions, float | None]:
+    """`predict` over examples, labelled or not, with a bar or progress lines; and the bracket F1 of the trees
+    the tracker built (greedy; else None)."""
     bar = tqdm(total=len(examples), disable=not progress, unit="pair", desc="evaluate", dynamic_ncols=True)
     with bar:
         on_batch = _reporting(bar, ProgressClock(len(examples), report_every_s))
         found = predict(
             model, examples, device, batch_size, source, step=step, on_batch=on_batch, temperature=temperature
         )
-    gold = numpy.array([example.label for example in examples], dtype=numpy.int64)  # (N,)
-    bracket_f1 = _bracket_f1(found, examples) if source is TransitionSource.GREEDY else None
-    return Scored(gold, found.labels, found.transition_accuracy, found.logits, found.temperature, bracket_f1)
+    return found, _bracket_f1(found, examples) if source is TransitionSource.GREEDY else None
 
 
 def _reporting(bar: tqdm, clock: ProgressClock) -> Callable[[int], None]:
@@ -146,6 +179,12 @@ class EvaluateSettings(Settings):
     track: bool = True
     """Log <split>_accuracy and <split>_macro_f1 to the MLflow run that trained the model (a model whose
     run is not in this store is scored all the same)."""
+    label_scheme: Annotated[str | None, AfterValidator(checked_scheme)] = Field(
+        None, json_schema_extra={"cli": "--label-scheme"}
+    )
+    """The split's gold classes, as `spinn label` takes them: auto (the scheme `spinn parse` was given, else found
+    from the values; three-way for SNLI and `spinn prepare`'s splits), three-way, glue, hans, scitail, or the
+    file's own in the model's order (yes/no: entailment, the rest; 0/1/2)."""
 
 
 def evaluate(
@@ -161,8 +200,9 @@ def evaluate(
     progress: bool = False,
     report_every_s: float | None = None,
 ) -> Metrics:
-    """Score a model on a prepared split; write metrics JSON (and the confusion PNG, the predictions CSV, the
-    reliability diagram and its bins in the folder `reliability`, spinn.training.calibration).
+    """Score a model on a prepared split in its gold scheme; write metrics JSON (and the confusion PNG, the
+    predictions CSV, the reliability diagram and its bins in the folder `reliability`,
+    spinn.training.calibration). Gold values outside the scheme are a warning with counts.
 
     The probabilities are the model's own (its temperature applied); the metrics give the expected
     calibration error before (T = 1) and after it. Holds every file it writes (spinn.io.publishing): refused
@@ -177,10 +217,10 @@ def evaluate(
         if vocab is not None:
             check_vocabulary(loaded.saved, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
         source = transition_source(settings.transitions, loaded.model.config)
-        examples = read_examples(data, loaded.vocabulary)
-        found = predict_examples(
+        split = read_gold_split(data, loaded.vocabulary, settings.label_scheme)
+        found, bracket_f1 = run_examples(
             loaded.model,
-            examples,
+            split.examples,
             next(loaded.model.parameters()).device,
             source=source,
             batch_size=settings.batch_size,
@@ -188,22 +228,25 @@ def evaluate(
             report_every_s=report_every_s,
             temperature=loaded.saved.softmax_temperature,
         )
-        tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
-        oov_share = unknown / tokens if tokens else None
-        metrics = replace(found.metrics(), oov_share=oov_share, calibration=found.calibration())
+        tokens, unknown = unknown_count(ids for pair in split.examples for ids in (pair.premise, pair.hypothesis))
+        judged = Judged.of(split, found)
+        metrics = judged.metrics(found.transition_accuracy, bracket_f1, unknown / tokens if tokens else None)
         warn_if_mostly_unknown(data, metrics.oov_share)
+        if (unscored := judged.unscored_warning(split)) is not None:
+            warnings.warn(SpinnWarning(unscored), stacklevel=2)
         provenance = {
             "model": str(model_reference),
             "data": str(data),
             "variant": loaded.model.config.variant,
             "transitions": "predicted" if source is TransitionSource.GREEDY else "gold",
+            "gold_outside_the_scheme": judged.agreement.outside,
         }
         write_json(Path(output), metrics.summary())
         write_json(report_path(Path(output)), {**metrics.to_json(), **provenance})
         if plot is not None:
             plot_confusion(metrics, plot, title=f"{loaded.model.config.variant} on {Path(data).name}")
         if predictions is not None:
-            write_predictions(found, Path(predictions))
+            write_predictions(judged.rows(), Path(predictions))
         diagram = []
         if reliability is not None:
             title = f"{loaded.model.config.variant} on {Path(data).name}"
@@ -219,14 +262,13 @@ def report_path(output: Path) -> Path:
     return output.with_name(f"{output.stem}_report{output.suffix}")
 
 
-def write_predictions(found: Scored, path: Path) -> Path:
-    """`actual,predicted` label names per example: the input of DVC's confusion-matrix plot."""
+def write_predictions(rows: Iterable[tuple[str, str]], path: Path) -> Path:
+    """`actual,predicted` class names per scored pair, in the split's gold scheme: the input of DVC's
+    confusion-matrix plot."""
     with atomic_path(path) as temporary, temporary.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.writer(handle)
         writer.writerow(["actual", "predicted"])
-        writer.writerows(
-            (LABELS[gold], LABELS[predicted]) for gold, predicted in zip(found.gold, found.predicted, strict=True)
-        )
+        writer.writerows(rows)
     return path
 
 
@@ -239,8 +281,8 @@ def _log_to_training_run(
     saved: Checkpoint, checkpoint: Path, split: str, metrics: Metrics, files: list[Path], diagram: list[Path]
 ) -> None:
     """The scores as the training run's metrics, the report and plot as its artifacts (under `<split>/`, the
-    reliability diagram under `<split>/reliability/`), and the scores as tags of the versions registered
-    from this checkpoint."""
+    reliability diagram under `<split>/reliability/`), the gold scheme as its tag `<split>_label_scheme`, and
+    the scores and scheme as tags of the versions registered from this checkpoint."""
     from spinn.tracking import store as tracking
     from spinn.tracking.register import logged_by, score_tags, tag_versions_of_checkpoint
 
@@ -264,9 +306,10 @@ def _log_to_training_run(
     if diagram:
         tracking.log_run_artifacts(run_id, diagram, f"{split}/{RELIABILITY_DIR}")
     tracking.log_run_metrics(run_id, values, step=saved.step)
-    tag_versions_of_checkpoint(
-        run_id, checkpoint, score_tags(split, {"accuracy": metrics.accuracy, "macro_f1": metrics.macro_f1})
-    )
+    scheme = {f"{split}_{LABEL_SCHEME_TAG}": metrics.label_scheme or THREE_WAY}
+    tracking.tag_run(run_id, scheme)
+    scores = score_tags(split, {"accuracy": metrics.accuracy, "macro_f1": metrics.macro_f1})
+    tag_versions_of_checkpoint(run_id, checkpoint, {**scores, **scheme})
 
 
 def transition_source(transitions: str, config: SPINNConfig) -> TransitionSource:

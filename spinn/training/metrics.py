@@ -41,6 +41,8 @@ class Metrics:
     calibration: Calibration | None = None
     """How well the probabilities match the accuracy, before and after the model's temperature (set by
     `spinn evaluate`)."""
+    label_scheme: str | None = None
+    """The gold scheme `classes` are those of (spinn.data.label_schemes; set by `spinn evaluate`)."""
 
     @property
     def examples(self) -> int:
@@ -85,6 +87,7 @@ class Metrics:
             data.get("transition_accuracy"),
             data.get("bracket_f1"),
             data.get("oov_share"),
+            label_scheme=data.get("label_scheme"),
         )
 
     def summary(self) -> dict:
@@ -107,6 +110,8 @@ class Metrics:
         result["per_class"] = {name: vars(score) for name, score in self.per_class().items()}
         result[DEV_SHARES_KEY] = self.predicted_shares
         result["confusion_matrix"] = {"labels": list(self.classes), "counts": [list(row) for row in self.confusion]}
+        if self.label_scheme is not None:
+            result["label_scheme"] = self.label_scheme
         if self.calibration is not None:
             result["calibration"] = self.calibration.to_json()
         return result
