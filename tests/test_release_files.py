@@ -60,7 +60,8 @@ def test_the_checkpoint_loads_and_predicts_the_same(expected):
     raw = torch.load(RELEASE / "checkpoint.pt", weights_only=True)
     rewritten = saved.to_dict()
     assert set(raw) - set(rewritten) == {"scheduler_state"}  # 0.1.0's scheduler: the only key left behind
-    assert set(rewritten) - set(raw) == {"rng_ranks"}  # added since, None for a file that lacks it
+    assert set(rewritten) - set(raw) == {"rng_ranks", "temperature"}  # added since, None for a file that lacks them
+    assert (rewritten["rng_ranks"], rewritten["temperature"], saved.softmax_temperature) == (None, None, 1.0)
     for key in ("format", "version", "step", "state", "vocab", "model_config", "train_config", "data", "metrics"):
         assert rewritten[key] == raw[key], key
     assert all(torch.equal(tensor, raw["model_state"][name]) for name, tensor in rewritten["model_state"].items())
