@@ -283,3 +283,19 @@ def test_parse_takes_the_scheme_from_the_files_sidecar(tmp_path):
     assert result.exit_code == 0 and "warning" not in result.stderr, result.output
     labels = pq.read_table(tmp_path / "prepared" / "numbered.parquet").column("label").to_pylist()
     assert labels == ["entailment", "contradiction"]
+
+
+def test_label_takes_the_scheme_from_the_files_sidecar(smoke_model, tmp_path):
+    """`1/0` in the sidecar, no option given: the labels are scored in the file's own classes, as README says."""
+    glue = glue_file(tmp_path)
+    numbered = tmp_path / "numbered.tsv"
+    numbered.write_text(
+        glue.read_text(encoding="utf-8").replace("\tnot_entailment", "\t0").replace("\tentailment", "\t1"),
+        encoding="utf-8",
+    )
+    (tmp_path / "numbered.tsv.columns.json").write_text(json.dumps({"label_scheme": "1/0"}), encoding="utf-8")
+    named = label_command(glue, tmp_path / "glue.parquet", smoke_model)
+    result = label_command(numbered, tmp_path / "numbered.parquet", smoke_model)
+    assert result.exit_code == 0 and "warning" not in result.stderr, result.output
+    accuracy = re.search(r"accuracy against the file's gold labels \(glue: .*?\): ([0-9.]+)", named.output)
+    assert f"(1/0: 1 / 0): {accuracy.group(1)} on {len(SCHEME_PAIRS)}" in result.output

@@ -37,6 +37,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from spinn.data.column_sidecar import over_sidecar
 from spinn.errors import SpinnWarning
 from spinn.io import publishing
 from spinn.labeling.label_progress import LabelProgress
@@ -114,7 +115,7 @@ def label(
         input_sha256=fingerprint["input_sha256"],
         dev_shares=dev_label_shares(source.saved),
         published_before=published is not None,
-        label_scheme=settings.columns.label_scheme,
+        label_scheme=over_sidecar(input_path, settings.columns).label_scheme,  # the sidecar's, unless named
         max_tokens=settings.parsing.max_tokens,
         seconds=time.perf_counter() - started,
     )
