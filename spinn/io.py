@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from spinn.errors import DISK_FULL, SpinnError, device_of, redact
-from spinn.paths import plain_file_name
+from spinn.paths import plain_file_name, refuse_special_file
 
 _DEFAULT_MODE = 0o666  # what open() would give a new file, before the umask
 OWNER_ONLY = 0o600
@@ -495,6 +495,7 @@ def publishing(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names: I
 
 
 def file_digest(path: Path, algorithm: str = "sha256") -> str:
-    """Hash a file in streaming fashion; archives and models are too big to read into memory."""
-    with Path(path).open("rb") as handle:
+    """Hash a file in streaming fashion; archives and models are too big to read into memory. What is not a
+    regular file is refused by name: reading a named pipe to hash it would block until something writes to it."""
+    with refuse_special_file(Path(path)).open("rb") as handle:
         return hashlib.file_digest(handle, algorithm).hexdigest()

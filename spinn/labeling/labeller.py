@@ -34,6 +34,7 @@ from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.parsing.parse import TREES_NONE, TokenOnly
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parser
+from spinn.paths import refuse_special_file
 
 
 class ModelSource:
@@ -55,7 +56,7 @@ class ModelSource:
     def checkpoint(self) -> Path:
         """The checkpoint file (a registered model's, downloaded once)."""
         if not self.is_registered:
-            return Path(self.reference)
+            return refuse_special_file(Path(self.reference))  # torch would block reading a named pipe
         from spinn.tracking.logged_models import download_checkpoint
 
         return download_checkpoint(self.reference, Path(tempfile.mkdtemp(prefix="spinn-model-")))
