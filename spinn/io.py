@@ -495,7 +495,6 @@ def publishing(outputs: Iterable[Path], *, inputs: Iterable[Path] = (), names: I
 
 
 def file_digest(path: Path, algorithm: str = "sha256") -> str:
-    """Hash a file in streaming fashion; archives and models are too big to read into memory. What is not a
-    regular file is refused by name: reading a named pipe to hash it would block until something writes to it."""
+    """Hash a file in streaming fashion (archives and models are big); a named pipe would block: refused."""
     with refuse_special_file(Path(path)).open("rb") as handle:
         return hashlib.file_digest(handle, algorithm).hexdigest()

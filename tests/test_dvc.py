@@ -320,6 +320,11 @@ ORPHAN_END_S = 20
 STAGE_START_S = 300
 
 
+def modified(path: Path) -> int | None:
+    """When `path` was last written (ns), or None while it does not exist."""
+    return path.stat().st_mtime_ns if path.exists() else None
+
+
 def train_stage(dvc: int) -> int | None:
     """The `spinn train` process below the `dvc repro` process `dvc`, once it runs."""
     return next((pid for pid in spinn_processes(dvc) if "train" in command_line(pid)), None)
@@ -331,13 +336,17 @@ def test_a_repro_killed_in_its_train_stage_leaves_no_orphan_and_its_rerun_one_ru
     checkpoints."""
     repo, env = project.repo, project.env
     set_train_params(repo, max_steps=ORPHAN_STEPS, max_epochs=ORPHAN_STEPS, eval_every=ORPHAN_STEPS, checkpoint_every=2)
+    # the module's earlier repros left a last.pt, which DVC deletes as the stage starts: only a new one says
+    # that training began (a SIGKILL before the stage arms its watch would leave it adopted by init, unwatched)
+    last = (repo / MODEL).with_name("last.pt")
+    before = modified(last)
     with (project.workdir / "killed-repro.log").open("w") as log:
         job = subprocess.Popen([DVC, "repro"], cwd=repo, env=env, stdout=log, stderr=subprocess.STDOUT)
     stage = None
     try:
         wait_for(lambda: train_stage(job.pid) is not None, STAGE_START_S, "the train stage to start")
         stage = train_stage(job.pid)
-        wait_for(lambda: (repo / MODEL).with_name("last.pt").exists(), STAGE_START_S, "its first checkpoint")
+        wait_for(lambda: modified(last) not in (None, before), STAGE_START_S, "its first checkpoint")
         job.kill()
         job.wait()
         wait_for(lambda: not running(stage), ORPHAN_END_S, f"the orphaned train stage {stage} to stop")
