@@ -231,7 +231,7 @@ def vector_lines(huge: str) -> list[str]:
     return [f"{VECTOR_WORDS[0]} 0.1 0.2 0.3", huge, f"{VECTOR_WORDS[1]} 0.4 0.5 0.6"]
 
 
-def read_pairs(path: Path) -> tuple[list[int | None], int]:
+def read_pairs(path: Path, _model) -> tuple[list[int | None], int]:
     """The pairs reader of label, parse, trees and bench-label: too_long rejects' lengths, and pairs kept."""
     from spinn.data.rejects import Reject
     from spinn.data.sentence_pairs import read_input_pairs
@@ -241,7 +241,7 @@ def read_pairs(path: Path) -> tuple[list[int | None], int]:
     return [reject.raw_chars for reject in rejects if reject.reason.value == "too_long"], len(found) - len(rejects)
 
 
-def read_corpus(path: Path) -> tuple[list[int | None], int]:
+def read_corpus(path: Path, _model) -> tuple[list[int | None], int]:
     """prepare's corpus reader (check-binarization and check-tokens read through it too)."""
     from spinn.data.prepare import PrepareSettings, prepare
 
@@ -250,7 +250,7 @@ def read_corpus(path: Path) -> tuple[list[int | None], int]:
     return [reject.get("raw_chars") for reject in rejects if reject["reason"] == "too_long"], summary.written
 
 
-def read_vectors(path: Path) -> tuple[list[int | None], int]:
+def read_vectors(path: Path, _model) -> tuple[list[int | None], int]:
     """The embeddings stage's reader of GloVe text: an over-long line is skipped (no rejects file there)."""
     from spinn.data.glove import align_text_file
     from spinn.data.vocab import SPECIALS, Vocabulary
@@ -260,37 +260,54 @@ def read_vectors(path: Path) -> tuple[list[int | None], int]:
     return [None] * aligned.skipped_lines, int(aligned.found.sum())
 
 
-LINE_READERS: dict[str, tuple[str, Callable[[str], list[str]], Callable[[Path], tuple[list, int]]]] = {
+def read_sentences(path: Path, model) -> tuple[list[int | None], int]:
+    """`spinn trees`' reader of a .txt file of sentences: an over-long line draws no tree (a warning counts it)."""
+    import warnings
+
+    from spinn.labeling.induced_trees import TreesSettings, induce_trees
+
+    output = path.with_name(f"{path.stem}.trees.txt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drawn = induce_trees(model.checkpoint, path, output, TreesSettings(device="cpu"))
+    refused = [str(warning.message) for warning in caught if "draw no tree" in str(warning.message)]
+    trees = output.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(trees) == 3 and len(refused) == (trees[1] == ""), (trees, refused)
+    return [None] * len(refused), drawn
+
+
+LINE_READERS: dict[str, tuple[str, Callable[[str], list[str]], Callable[[Path, object], tuple[list, int]]]] = {
     "pairs-jsonl": ("pairs.jsonl", lambda huge: pairs_lines("jsonl", huge), read_pairs),
     "pairs-csv": ("pairs.csv", lambda huge: pairs_lines("csv", huge), read_pairs),
     "pairs-tsv": ("pairs.tsv", lambda huge: pairs_lines("tsv", huge), read_pairs),
     "corpus-jsonl": ("snli_1.0_dev.jsonl", lambda huge: corpus_lines("jsonl", huge), read_corpus),
     "corpus-txt": ("snli_1.0_dev.txt", lambda huge: corpus_lines("txt", huge), read_corpus),
     "vectors": ("vectors.txt", vector_lines, read_vectors),
+    "sentences": ("sentences.txt", lambda huge: ["A dog runs.", huge, "An animal moves."], read_sentences),
 }
 """Every reader of text lines: file name, its lines around a given huge value, and the read."""
 
 
 @pytest.mark.parametrize("reader", LINE_READERS)
-def test_a_huge_single_line_is_rejected_with_its_length_without_being_read_whole(reader, tmp_path):
+def test_a_huge_single_line_is_rejected_with_its_length_without_being_read_whole(reader, smoke_model, tmp_path):
     import tracemalloc
 
     name, lines, read = LINE_READERS[reader]
     (tmp_path / "warm").mkdir()
-    read(write_lines(tmp_path / "warm" / name, lines("short")))  # imports and caches, before the count starts
+    read(write_lines(tmp_path / "warm" / name, lines("short")), smoke_model)  # imports, before the count starts
     huge = "x" * HUGE_LINE_CHARS
     path = write_lines(tmp_path / name, lines(huge))
     line_chars = len(lines(huge)[2 if reader in ("pairs-csv", "pairs-tsv", "corpus-txt") else 1])
     del huge
     tracemalloc.start()
     try:
-        too_long, kept = read(path)
+        too_long, kept = read(path, smoke_model)
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < READ_PEAK_BYTES, f"{reader}: {peak} bytes at the peak, reading a line of {line_chars}"
     assert kept == 2
-    assert too_long == [None if reader == "vectors" else line_chars]
+    assert too_long == [None if reader in ("vectors", "sentences") else line_chars]
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
