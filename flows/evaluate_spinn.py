@@ -24,6 +24,7 @@ from flows import tasks
 from flows.artifacts import EVALUATION_KEY, evaluation_facts
 from flows.caching import run_stage
 from flows.settings import EvaluateRequest
+from spinn import children
 from spinn.data.label_schemes import THREE_WAY
 from spinn.training.calibration import RELIABILITY_DIR
 
@@ -45,6 +46,7 @@ def evaluation_output(model: str, now: float | None = None) -> Path:
 def evaluate_spinn(evaluation: EvaluateRequest | None = None) -> dict[str, Any]:
     """Accuracy, macro F1 and the confusion matrix in the split's gold scheme, written beside `output` (by
     default a new folder under data/evaluations); logged to the model's MLflow run."""
+    children.stop_when_orphaned()  # a worker's flow run ends with its worker, as a command with its starter
     evaluation = evaluation or EvaluateRequest()
     output = evaluation.output or evaluation_output(evaluation.model)
     stem = output.with_suffix("")

@@ -50,6 +50,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.artifacts import labelled_file_rows
 from flows.threads import side_by_side
+from spinn import children
 from spinn.data.sentence_pairs import readable_suffixes
 from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
@@ -205,6 +206,7 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
     from spinn.labeling.label import label
     from spinn.labeling.summary import TooManyRejected
 
+    children.stop_when_orphaned()  # a worker's flow run ends with its worker, as a command with its starter
     settings = spread_over(request.worker_settings(), input_path, request.dask_workers)
     output = request.outbox / output_name(input_path)
     try:
@@ -250,6 +252,7 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
     """Label the inbox's new and previously failed files, `request.files_at_once` side by side (each a
     label-file subflow); returns this run's entries of the index, or, when any file failed, ends Failed with a
     FilesFailed that holds them (the artifact lists every file)."""
+    children.stop_when_orphaned()  # a worker's flow run ends with its worker, as a command with its starter
     request = request or LabelRequest()
     request.outbox.mkdir(parents=True, exist_ok=True)
     index = read_index(request.outbox)

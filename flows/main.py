@@ -90,8 +90,6 @@ def main(
     **options: object,
 ) -> None:
     """Download, prepare, train, evaluate and register SPINN as one Prefect flow run."""
-    from spinn.errors import SpinnError
-
     for name, value in QUIET_AND_OFFLINE.items():
         os.environ.setdefault(name, value)
     data_dir = data_dir or (SMOKE_DATA_DIR if smoke else Path("data"))
@@ -104,7 +102,7 @@ def main(
     try:
         training = [*([Layer(nest(SMOKE_OVERRIDES.items()), _smoke_key)] if smoke else []), set_layer(overrides)]
         requests = _requests(params, data_dir, download, training, resume=resume, overwrite=overwrite)
-    except SpinnError as error:
+    except Exception as error:
         _fail(error, debug)
     _run(*requests, debug)
 
@@ -144,28 +142,29 @@ def _smoke_key(key: str) -> str:
 
 
 def _fail(error: BaseException, debug: bool) -> NoReturn:
-    """The one `error: ...` line and exit status 1, as `spinn` prints a SpinnError; `--debug` raises it."""
+    """The one `error: ...` line and exit status 1 by the rule every `spinn` command follows
+    (spinn.errors.failure_line: a SpinnError, a full disk, a tracking server that did not answer); anything
+    else, or any failure with `--debug`, raises with its traceback."""
     from spinn.cli import EXIT_USER_ERROR
-    from spinn.errors import advice, one_line, option_name
+    from spinn.errors import failure_line, option_name
 
-    if debug:
+    line = failure_line(error, option_name)
+    if debug or line is None:
         raise error
-    fix = advice(error, option_name)
-    click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
+    click.echo(f"error: {line}", err=True)
     sys.exit(EXIT_USER_ERROR)
 
 
 def _run(corpus, training, debug: bool) -> None:
     from flows.artifacts import describe_registration
     from flows.train_spinn import train_spinn
-    from spinn.errors import SpinnError
     from spinn.tracking.links import ui_hint
 
     if not debug:
         _quiet_failures()
     try:
         result = train_spinn(corpus, training)
-    except SpinnError as error:
+    except Exception as error:
         _fail(error, debug)
     click.echo(f"MLflow run {result.run_id} (experiment {result.experiment_id}) in {result.tracking_uri}")
     click.echo(f"  {ui_hint(result.experiment_id, result.run_id)}")

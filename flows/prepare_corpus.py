@@ -17,6 +17,7 @@ from flows import tasks
 from flows.artifacts import PREPARED_CORPUS_KEY, PREPARED_VOCABULARY_KEY, split_counts, vocabulary_facts
 from flows.caching import run_stage
 from flows.settings import CorpusRequest
+from spinn import children
 
 
 class PreparedCorpus(BaseModel):
@@ -37,6 +38,7 @@ def prepare_corpus(corpus: CorpusRequest | None = None) -> PreparedCorpus:
     overrides, as for `dvc repro`, so the matrix is cached exactly where
     `spinn train` will look for it.
     """
+    children.stop_when_orphaned()  # a worker's flow run ends with its worker, as a command with its starter
     corpus = corpus or CorpusRequest()
     stages = corpus.stages()
     run_stage(tasks.download_stage, raw_dir=corpus.raw_dir, settings=stages.download)

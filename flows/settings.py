@@ -131,7 +131,13 @@ class TrainRequest(_Request):
 
     params: Path | None = Field(DEFAULT_PARAMS, description=PARAMS_HELP)
     settings: TrainOverrides = Field(default_factory=TrainOverrides)  # type: ignore[valid-type]
-    resume: bool = Field(False, description="Continue from last.pt in the run's folder (runs/) in the same MLflow run.")
+    resume: bool = Field(
+        False,
+        description=(
+            "Continue from last.pt in the run's folder (runs/): a killed run in its MLflow run, a finished one "
+            "in a new MLflow run linked to it."
+        ),
+    )
     overwrite: bool = Field(
         False,
         description="Replace the run in its folder under runs/ (without it or resume, that folder is refused).",

@@ -22,6 +22,7 @@ from flows.artifacts import TRAINING_RUN_KEY, TRAINING_RUN_LINK_KEY, run_facts, 
 from flows.caching import run_stage
 from flows.prepare_corpus import prepare_corpus
 from flows.settings import CorpusRequest, EvaluateOverrides, EvaluateRequest, TrainRequest
+from spinn import children
 from spinn.training.calibration import RELIABILITY_DIR
 
 TEST_SPLIT = "test"
@@ -52,6 +53,7 @@ def train_spinn(
     from spinn.tracking import store as tracking
     from spinn.training.folders import run_folder
 
+    children.stop_when_orphaned()  # a worker's flow run ends with its worker, as a command with its starter
     corpus, training = corpus or CorpusRequest(), training or TrainRequest()
     testing = EvaluateRequest(params=corpus.params, settings=evaluation or EvaluateOverrides()).evaluation()
     prepared = prepare_corpus(corpus)

@@ -53,6 +53,7 @@ from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.settings import Conflict, Settings, usable_cores
+from spinn.training.config import check_trainable
 from spinn.training.loader import prefetch
 from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer
 
@@ -125,6 +126,22 @@ class BenchSettings(Settings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _model_fits_in_memory(self) -> BenchSettings:
+        """The model's sizes are bounded by the rule `spinn train` follows, before any corpus is read."""
+        check_trainable(self.spinn_config(), ("d_hidden", "d_tracker", "d_embed"))
+        return self
+
+    def spinn_config(self) -> SPINNConfig:
+        """The model the benchmark builds."""
+        return SPINNConfig(
+            variant=self.variant,
+            encoder=self.encoder,
+            d_embed=self.d_embed,
+            d_hidden=self.d_hidden,
+            d_tracker=self.d_tracker,
+        )
+
 
 def run_bench(settings: BenchSettings) -> dict[str, Any]:
     """Run the benchmark and return one flat JSON-ready dict (settings and measurements)."""
@@ -149,13 +166,7 @@ def _run(settings: BenchSettings) -> dict[str, Any]:
     """run_bench with its threads set."""
     torch.manual_seed(settings.seed)
     examples, vocab_size = load_examples(settings.corpus, settings.pairs, settings.seed, settings.mode != "infer")
-    config = SPINNConfig(
-        variant=settings.variant,
-        encoder=settings.encoder,
-        d_embed=settings.d_embed,
-        d_hidden=settings.d_hidden,
-        d_tracker=settings.d_tracker,
-    )
+    config = settings.spinn_config()
     model = SPINN(config, random_vectors(vocab_size, settings.d_embed, settings.seed)).to(settings.device)
     source = _source(settings, config)
     count = settings.warmup + settings.steps

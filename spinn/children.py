@@ -13,7 +13,9 @@ A command is the same kind of child, of whatever started it: `dvc repro`, a
 Prefect worker, a CI job. One killed with SIGKILL leaves its stage running as
 an orphan, which goes on writing into the outputs that the orchestrator's
 next run writes too. So every command watches its parent the same way
-(`stop_when_orphaned`, armed by the CLI's shared entry) and, once it is gone,
+(`stop_when_orphaned`, armed by the CLI's shared entry, and first thing by
+every Prefect flow of flows/, since a worker's flow run process, `python -m
+prefect.engine`, calls the flow without any CLI) and, once it is gone,
 stops as a hang-up would stop it, cleanly: a `Hangup` raised in the main
 thread ends the MLflow run, lets go of the locks and leaves only published
 files. A command that does not stop within ORPHAN_GRACE_S is ended outright.

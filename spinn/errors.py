@@ -172,6 +172,16 @@ def disk_full(error: BaseException) -> str | None:
     return None
 
 
+def failure_line(error: BaseException, name: Callable[[str], str]) -> str | None:
+    """What every front end (each `spinn` command, `spinn-pipeline`) prints for a failure the user can act on,
+    as one line without its `error: `: a SpinnError with its fix in the front end's words (`name`), a full
+    disk, a tracking server that did not answer. None for anything else: a bug, which keeps its traceback."""
+    if isinstance(error, SpinnError):
+        fix = advice(error, name)
+        return one_line(error) + (f"; {fix}" if fix else "")
+    return disk_full(error) or unanswered(error)
+
+
 def _sqlite_store() -> Path | None:
     """The file of the sqlite MLflow store MLFLOW_TRACKING_URI names (its default, mlflow.db, when unset)."""
     uri = os.environ.get("MLFLOW_TRACKING_URI", "sqlite:///mlflow.db")

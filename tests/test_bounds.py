@@ -77,6 +77,8 @@ TOO_BIG: dict[str, tuple[Arguments, str]] = {
         "--model-mlp-dim",
     ),
     "spinn-pipeline": (lambda d: ["--set", f"model.d_hidden={HUGE_WIDTH}"], "--set model.d_hidden"),
+    "bench": (lambda d: ["bench", "--corpus", str(d / "dev.jsonl"), "--d-hidden", HUGE_WIDTH], "--d-hidden"),
+    "bench-tracker": (lambda d: ["bench", "--corpus", str(d / "dev.jsonl"), "--d-tracker", HUGE_WIDTH], "--d-tracker"),
 }
 """Each command given a size beyond this machine, and the option (or params key) the error must name."""
 
@@ -193,3 +195,173 @@ def test_a_rejects_file_keeps_a_bounded_excerpt_of_a_long_raw_line_and_its_lengt
     (reject,) = [json.loads(line) for line in rejects.read_text().splitlines()]
     assert reject["raw"] == long_junk_line()[:RAW_EXCERPT_CHARS] and reject["raw_chars"] == LONG_LINE_CHARS
     assert rejects.stat().st_size < 2 * RAW_EXCERPT_CHARS
+
+
+# ----------------------------------------------------------------------------- lines and gzip streams
+
+HUGE_LINE_CHARS = 50 * 2**20
+"""A single line of 50 MB: every reader had read it whole into memory before any length check."""
+READ_PEAK_BYTES = 8 * 2**20
+"""What reading it may take (traced Python allocations): blocks, one line's bound, no copy of the line."""
+GOOD = {"id": "g1", "premise": "A dog runs.", "hypothesis": "An animal moves."}
+
+
+def pairs_lines(fmt: str, huge: str) -> list[str]:
+    """A pairs file's lines: a good row, a row whose premise is `huge`, another good row."""
+    rows = [GOOD, {**GOOD, "id": "h", "premise": huge}, {**GOOD, "id": "g2"}]
+    if fmt == "jsonl":
+        return [json.dumps(row) for row in rows]
+    separator = "," if fmt == "csv" else "\t"
+    return [separator.join(GOOD), *(separator.join(row.values()) for row in rows)]
+
+
+def corpus_lines(fmt: str, huge: str) -> list[str]:
+    """An SNLI-format file's lines (.jsonl, or .txt with its header): the middle pair's premise is `huge`."""
+    records = [snli_record("a"), {**snli_record("h"), "sentence1": huge}, snli_record("b")]
+    if fmt == "jsonl":
+        return [json.dumps(record) for record in records]
+    return ["\t".join(records[0]), *("\t".join(record.values()) for record in records)]
+
+
+VECTOR_WORDS = ("dog", "runs")
+
+
+def vector_lines(huge: str) -> list[str]:
+    """GloVe text lines, 3-d: a line of `huge` between two good ones."""
+    return [f"{VECTOR_WORDS[0]} 0.1 0.2 0.3", huge, f"{VECTOR_WORDS[1]} 0.4 0.5 0.6"]
+
+
+def read_pairs(path: Path, _model) -> tuple[list[int | None], int]:
+    """The pairs reader of label, parse, trees and bench-label: too_long rejects' lengths, and pairs kept."""
+    from spinn.data.rejects import Reject
+    from spinn.data.sentence_pairs import read_input_pairs
+
+    found = list(read_input_pairs(path))
+    rejects = [row for row in found if isinstance(row, Reject)]
+    return [reject.raw_chars for reject in rejects if reject.reason.value == "too_long"], len(found) - len(rejects)
+
+
+def read_corpus(path: Path, _model) -> tuple[list[int | None], int]:
+    """prepare's corpus reader (check-binarization and check-tokens read through it too)."""
+    from spinn.data.prepare import PrepareSettings, prepare
+
+    summary = prepare(path, path.parent / "out", PrepareSettings(workers=1, max_reject_ratio=1.0))
+    rejects = [json.loads(line) for line in summary.rejects.read_text(encoding="utf-8").splitlines()]
+    return [reject.get("raw_chars") for reject in rejects if reject["reason"] == "too_long"], summary.written
+
+
+def read_vectors(path: Path, _model) -> tuple[list[int | None], int]:
+    """The embeddings stage's reader of GloVe text: an over-long line is skipped (no rejects file there)."""
+    from spinn.data.glove import align_text_file
+    from spinn.data.vocab import SPECIALS, Vocabulary
+
+    tokens = SPECIALS + VECTOR_WORDS
+    aligned = align_text_file(path, Vocabulary(tokens, (0,) * len(tokens), True, 1), progress=False)
+    return [None] * aligned.skipped_lines, int(aligned.found.sum())
+
+
+def read_sentences(path: Path, model) -> tuple[list[int | None], int]:
+    """`spinn trees`' reader of a .txt file of sentences: an over-long line draws no tree (a warning counts it)."""
+    import warnings
+
+    from spinn.labeling.induced_trees import TreesSettings, induce_trees
+
+    output = path.with_name(f"{path.stem}.trees.txt")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        drawn = induce_trees(model.checkpoint, path, output, TreesSettings(device="cpu"))
+    refused = [str(warning.message) for warning in caught if "draw no tree" in str(warning.message)]
+    trees = output.read_text(encoding="utf-8").split("\n")[:-1]
+    assert len(trees) == 3 and len(refused) == (trees[1] == ""), (trees, refused)
+    return [None] * len(refused), drawn
+
+
+LINE_READERS: dict[str, tuple[str, Callable[[str], list[str]], Callable[[Path, object], tuple[list, int]]]] = {
+    "pairs-jsonl": ("pairs.jsonl", lambda huge: pairs_lines("jsonl", huge), read_pairs),
+    "pairs-csv": ("pairs.csv", lambda huge: pairs_lines("csv", huge), read_pairs),
+    "pairs-tsv": ("pairs.tsv", lambda huge: pairs_lines("tsv", huge), read_pairs),
+    "corpus-jsonl": ("snli_1.0_dev.jsonl", lambda huge: corpus_lines("jsonl", huge), read_corpus),
+    "corpus-txt": ("snli_1.0_dev.txt", lambda huge: corpus_lines("txt", huge), read_corpus),
+    "vectors": ("vectors.txt", vector_lines, read_vectors),
+    "sentences": ("sentences.txt", lambda huge: ["A dog runs.", huge, "An animal moves."], read_sentences),
+}
+"""Every reader of text lines: file name, its lines around a given huge value, and the read."""
+
+
+@pytest.mark.parametrize("reader", LINE_READERS)
+def test_a_huge_single_line_is_rejected_with_its_length_without_being_read_whole(reader, smoke_model, tmp_path):
+    import tracemalloc
+
+    name, lines, read = LINE_READERS[reader]
+    (tmp_path / "warm").mkdir()
+    read(write_lines(tmp_path / "warm" / name, lines("short")), smoke_model)  # imports, before the count starts
+    huge = "x" * HUGE_LINE_CHARS
+    path = write_lines(tmp_path / name, lines(huge))
+    line_chars = len(lines(huge)[2 if reader in ("pairs-csv", "pairs-tsv", "corpus-txt") else 1])
+    del huge
+    tracemalloc.start()
+    try:
+        too_long, kept = read(path, smoke_model)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < READ_PEAK_BYTES, f"{reader}: {peak} bytes at the peak, reading a line of {line_chars}"
+    assert kept == 2
+    assert too_long == [None if reader in ("vectors", "sentences") else line_chars]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    with path.open("w", encoding="utf-8", newline="\n") as handle:
+        for line in lines:
+            handle.write(line + "\n")
+    return path
+
+
+GZIP_BOMB_BYTES = 64 * 2**20
+"""A few good lines, then 64 MiB of one byte: gzip packs it about a thousandfold, into some 64 KB."""
+
+
+def gzip_bomb(path: Path, *lines: str) -> Path:
+    import gzip
+
+    block = b"x" * 2**20
+    with gzip.open(path, "wb") as stream:
+        stream.write("".join(line + "\n" for line in lines).encode())
+        for _ in range(GZIP_BOMB_BYTES // len(block)):
+            stream.write(block)
+    return path
+
+
+GZIP_READERS: dict[str, Callable[[Path, Path, object], list[str]]] = {
+    "prepare": lambda d, b, m: (
+        ["prepare", str(gzip_bomb(b.with_suffix(".jsonl.gz"), json.dumps(snli_record("a"))))]
+        + ["--output-dir", str(d / "out")]
+    ),
+    "check-binarization": lambda d, b, m: [
+        "check-binarization",
+        str(gzip_bomb(b.with_suffix(".jsonl.gz"), json.dumps(snli_record("a")))),
+    ],
+    "label": lambda d, b, m: [
+        "label",
+        str(gzip_bomb(b.with_suffix(".csv.gz"), "premise,hypothesis", "A dog runs.,An animal moves.")),
+        *["--model", str(m.checkpoint), "--output", str(d / "o.parquet"), "--parser", "model"],
+    ],
+    "embeddings": lambda d, b, m: (
+        ["embeddings", "--vocab", str(m.prepared / "vocab.json")]
+        + ["--source", str(gzip_bomb(b.with_suffix(".txt.gz"), "dog 0.1 0.2 0.3")), "--cache-dir", str(d / "e")]
+    ),
+}
+"""Every command that reads a gzip stream (the pairs reader's files are gzip by content, whatever the name)."""
+
+
+@pytest.mark.parametrize("command", GZIP_READERS)
+def test_a_gzip_bomb_is_refused_once_it_expands_past_the_bound(command, smoke_model, tmp_path, monkeypatch):
+    from spinn.data.limits import MAX_EXPANSION
+
+    monkeypatch.chdir(tmp_path)
+    arguments = GZIP_READERS[command](tmp_path, tmp_path / "bomb", smoke_model)
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == 1, (result.output, result.exception)
+    lines = result.stderr.strip().splitlines()
+    assert lines[-1].startswith("error: ") and f"unpacks to more than {MAX_EXPANSION} times" in lines[-1], lines
+    assert "a gzip bomb" in lines[-1] and "Traceback" not in result.stderr

@@ -54,6 +54,7 @@ def silent_server() -> Iterator[int]:
 
 
 MODEL_URI = "models:/spinn@champion"
+PIPELINE = "spinn-pipeline"
 TRACKING_COMMANDS: dict[str, Callable[[Path, object], list[str]]] = {
     "train": lambda d, m: (
         ["train", "--train", str(m.prepared / "train.parquet"), "--dev", str(m.prepared / "dev.parquet")]
@@ -67,14 +68,20 @@ TRACKING_COMMANDS: dict[str, Callable[[Path, object], list[str]]] = {
     "trees": lambda d, m: ["trees", str(d / "pairs.csv"), "--model", MODEL_URI, "--output", str(d / "t.jsonl")],
     "bench-label": lambda d, m: ["bench-label", str(d / "pairs.csv"), "--model", MODEL_URI],
     "relog-model": lambda d, m: ["relog-model", "models:/spinn/1"],
+    PIPELINE: lambda d, m: ["--smoke", "--data-dir", str(d / "data")],
 }
-"""Every command that talks to the tracking store (spinn-pipeline's train task goes through train's door)."""
+"""Every command that talks to the tracking store; spinn-pipeline's flow meets it in its train task, on the
+session's Prefect server."""
 
 
 @pytest.mark.parametrize("command", TRACKING_COMMANDS)
 def test_a_tracking_server_that_never_answers_is_one_line_without_its_password(
-    command, silent_server, smoke_model, tmp_path, monkeypatch
+    command, silent_server, smoke_model, tmp_path, monkeypatch, request
 ):
+    from flows.main import main as pipeline
+
+    if command == PIPELINE:
+        monkeypatch.setenv("PREFECT_API_URL", request.getfixturevalue("prefect_api"))
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://spinn:{SECRET}@127.0.0.1:{silent_server}")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", str(REQUEST_TIMEOUT_S))
@@ -82,7 +89,8 @@ def test_a_tracking_server_that_never_answers_is_one_line_without_its_password(
     monkeypatch.setenv("SPINN_LOCK_DIR", str(tmp_path / "locks"))
     write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 2))
     started = time.monotonic()
-    result = CliRunner().invoke(main, TRACKING_COMMANDS[command](tmp_path, smoke_model))
+    entry = pipeline if command == PIPELINE else main
+    result = CliRunner().invoke(entry, TRACKING_COMMANDS[command](tmp_path, smoke_model))
     assert time.monotonic() - started < ANSWER_WITHIN_S
     assert result.exit_code == EXIT_USER_ERROR, (result.output, result.exception)
     line = one_error_line(result.stderr)

@@ -173,13 +173,16 @@ def test_a_longer_run_in_a_finished_runs_folder_is_still_refused(prepared, workd
         _fit(prepared, tiny_config(max_steps=3), output_dir=workdir / "m")
 
 
-def test_resume_with_more_steps_continues_the_same_folder_and_mlflow_run(prepared, workdir) -> None:
+def test_resume_with_more_steps_continues_the_same_folder_in_a_run_linked_to_the_finished_one(prepared, workdir):
     """`--set max_steps=6`, then `--set max_steps=12 --resume`, no --output-dir: the run's identity leaves its
-    length out, so the resumed run finds its folder and goes on in the same MLflow run."""
+    length out, so the resumed run finds its folder and goes on, in a new MLflow run that names the finished
+    one (tests/test_store_trust.py has the whole record)."""
+    import mlflow
+
     short = _fit(prepared, tiny_config(max_steps=2))
     longer = _fit(prepared, tiny_config(max_steps=4), resume=True)
-    assert longer.best_checkpoint.parent == short.best_checkpoint.parent
-    assert (longer.run_id, longer.steps) == (short.run_id, 4)
+    assert longer.best_checkpoint.parent == short.best_checkpoint.parent and longer.steps == 4
+    assert mlflow.MlflowClient().get_run(longer.run_id).data.tags["spinn.resumed_from"] == short.run_id
 
 
 def test_resume_with_nothing_to_resume_says_so_in_one_line(prepared, workdir) -> None:

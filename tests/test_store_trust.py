@@ -104,3 +104,90 @@ def test_resuming_another_folders_last_checkpoint_never_reopens_its_run(how, smo
     assert after.info.end_time == before.info.end_time
     assert result.exit_code == EXIT_USER_ERROR, (result.output, result.exception)
     assert f"was trained in {original.parent}, not in {folder}" in one_error_line(result.stderr)
+
+
+# ----------------------------------------------------------------------------- a finished run is a record
+
+SHORT = ("max_steps=4", "eval_every=2", "checkpoint_every=2", "log_every=1")
+LONGER = ("max_steps=8", *SHORT[1:])
+
+
+def record_of(run_id: str) -> tuple:
+    """What a finished run says it did: status, end time, metrics, and every train_loss point."""
+    import mlflow
+
+    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    run = client.get_run(run_id)
+    losses = [(point.step, point.value) for point in client.get_metric_history(run_id, "train_loss")]
+    return run.info.status, run.info.end_time, run.data.metrics, losses
+
+
+def runs_in(experiment: str) -> list:
+    import mlflow
+
+    client = mlflow.MlflowClient(os.environ["MLFLOW_TRACKING_URI"])
+    return client.search_runs([client.get_experiment_by_name(experiment).experiment_id])
+
+
+def test_resuming_a_finished_run_with_a_larger_budget_goes_on_in_a_new_linked_run(smoke_model, mlflow_store, tmp_path):
+    """README's `--set max_steps=12 --resume`: the finished run stays as it ended; the new one, in the same
+    experiment, names it and logs the steps after its last, and the curves for DVC span both."""
+    import csv
+
+    import mlflow
+
+    folder, metrics = tmp_path / "models", tmp_path / "metrics"
+    first = CliRunner().invoke(main, smoke_train(smoke_model, folder, *SHORT))
+    assert first.exit_code == 0, (first.output, first.exception)
+    finished = load_checkpoint(folder / "last.pt").run_id
+    before = record_of(finished)
+    longer = [*smoke_train(smoke_model, folder, *LONGER), "--resume", "--metrics-dir", str(metrics)]
+    result = CliRunner().invoke(main, longer)
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert record_of(finished) == before and before[0] == "FINISHED"
+    resumed = load_checkpoint(folder / "last.pt").run_id
+    assert resumed != finished and load_checkpoint(folder / "last.pt").step == 8
+    new = mlflow.MlflowClient().get_run(resumed)
+    old = mlflow.MlflowClient().get_run(finished)
+    assert new.info.status == "FINISHED" and new.info.experiment_id == old.info.experiment_id
+    assert new.data.tags["spinn.resumed_from"] == finished
+    assert new.info.run_name == f"{old.info.run_name} continued at step 4"
+    note = new.data.tags["mlflow.note.content"]  # the run's description in MLflow's UI
+    assert finished in note and old.info.run_name in note
+    assert [step for step, _ in record_of(resumed)[3]] == [5, 6, 7, 8]
+    assert {run.info.run_id for run in runs_in(SMOKE_TRAINING["experiment"])} == {finished, resumed}
+    with (metrics / "train_curve.csv").open(encoding="utf-8") as handle:
+        assert [int(row["step"]) for row in csv.DictReader(handle)] == list(range(1, 9))
+
+
+def test_the_same_finished_run_again_opens_no_mlflow_run(smoke_model, mlflow_store, tmp_path):
+    """Asked for the very run the folder holds, finished: it is the result, and its MLflow run is not reopened
+    (reopening it had made it RUNNING, then FINISHED at a new end time)."""
+    folder = tmp_path / "models"
+    assert CliRunner().invoke(main, smoke_train(smoke_model, folder, *SHORT)).exit_code == 0
+    finished = load_checkpoint(folder / "last.pt").run_id
+    before = record_of(finished)
+    for again in (smoke_train(smoke_model, folder, *SHORT), [*smoke_train(smoke_model, folder, *SHORT), "--resume"]):
+        result = CliRunner().invoke(main, again)
+        assert result.exit_code == 0, (result.output, result.exception)
+        assert f"MLflow run {finished}" in result.output or finished in result.output, result.output
+    assert record_of(finished) == before
+    assert [run.info.run_id for run in runs_in(SMOKE_TRAINING["experiment"])] == [finished]
+
+
+@pytest.mark.parametrize("status", ["RUNNING", "FAILED", "KILLED"])
+def test_a_run_that_did_not_finish_is_resumed_in_its_own_mlflow_run(status, smoke_model, mlflow_store, tmp_path):
+    """What resume is for: a run killed (RUNNING in the store: nothing ended it), failed or marked KILLED goes
+    on in the MLflow run it started, its steps after the ones it logged."""
+    import mlflow
+
+    folder = tmp_path / "models"
+    assert CliRunner().invoke(main, smoke_train(smoke_model, folder, *SHORT)).exit_code == 0
+    run_id = load_checkpoint(folder / "last.pt").run_id
+    client = mlflow.MlflowClient()
+    client.update_run(run_id, status=status)
+    result = CliRunner().invoke(main, [*smoke_train(smoke_model, folder, *LONGER), "--resume"])
+    assert result.exit_code == 0, (result.output, result.exception)
+    assert load_checkpoint(folder / "last.pt").run_id == run_id
+    assert [run.info.run_id for run in runs_in(SMOKE_TRAINING["experiment"])] == [run_id]
+    assert [step for step, _ in record_of(run_id)[3]] == list(range(1, 9)) and record_of(run_id)[0] == "FINISHED"

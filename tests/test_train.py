@@ -221,7 +221,8 @@ def test_resuming_a_finished_run_registers_nothing_new(prepared, workdir):
         resume=True,
         progress=False,
     )
-    assert longer.steps == 4 and longer.run_id == first.run_id
+    assert longer.steps == 4 and longer.run_id != first.run_id  # the finished run stays as it ended
+    assert mlflow.MlflowClient().get_run(longer.run_id).data.tags["spinn.resumed_from"] == first.run_id
 
 
 def test_alias_moves_only_to_a_better_model(prepared, workdir):

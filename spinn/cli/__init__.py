@@ -29,7 +29,7 @@ from importlib import import_module
 import click
 
 from spinn.cli.common import SharedEntry
-from spinn.errors import SpinnError, SpinnWarning, advice, disk_full, one_line, option_name, unanswered
+from spinn.errors import SpinnWarning, failure_line, option_name
 
 DVC_STAGE_VARIABLE = "DVC_STAGE"
 
@@ -71,12 +71,8 @@ class _Group(SharedEntry, click.Group):
                 warnings.simplefilter("always", SpinnWarning)
                 warnings.showwarning = _one_line_for_ours(warnings.showwarning)
                 return super().invoke(ctx)
-        except SpinnError as error:
-            fix = advice(error, _fix_words())
-            click.echo(f"error: {one_line(error)}" + (f"; {fix}" if fix else ""), err=True)
-            sys.exit(EXIT_USER_ERROR)
         except Exception as error:
-            line = disk_full(error) or unanswered(error)
+            line = failure_line(error, _fix_words())
             if line is None:
                 raise
             click.echo(f"error: {line}", err=True)

@@ -49,7 +49,11 @@ from spinn.training.evaluate import EvaluateSettings
     help="Cache of aligned word vectors (`spinn embeddings` fills it).",
 )
 @click.option("--metrics-dir", type=PATH, help="Also write train.json and the train/dev curves (CSV) here, for DVC.")
-@click.option("--resume", is_flag=True, help="Continue from OUTPUT_DIR/last.pt (same MLflow run).")
+@click.option(
+    "--resume",
+    is_flag=True,
+    help="Continue from OUTPUT_DIR/last.pt: a killed run in its MLflow run, a finished one in a new, linked run.",
+)
 @click.option(
     "--overwrite", is_flag=True, help="Replace the run in OUTPUT_DIR (without it, a folder holding one is refused)."
 )

@@ -22,9 +22,19 @@ from enum import Enum
 from pathlib import Path
 from typing import IO, Any
 
-from spinn.data.limits import DEFAULT_MAX_TOKENS, PARSE_CHARS_PER_CHAR, check_length, check_members, max_chars
+from spinn.data.limits import (
+    DEFAULT_MAX_TOKENS,
+    PARSE_CHARS_PER_CHAR,
+    Inflation,
+    check_length,
+    check_members,
+    max_chars,
+    max_line_bytes,
+    too_long_line,
+)
 from spinn.data.rejects import RecordProblem, RejectReason, not_text
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
+from spinn.data.text_lines import Overlong, bounded_lines
 from spinn.errors import SpinnError
 from spinn.paths import refuse_special_file
 from spinn.trees.binarize import binarize
@@ -90,18 +100,20 @@ def open_corpus(path: Path, member: str | None = None) -> Iterator[tuple[IO[byte
     if zipfile.is_zipfile(path):
         with zipfile.ZipFile(path) as archive:
             name = _zip_member(archive, path, member)
-            check_members(path, [archive.getinfo(name)])
+            info = archive.getinfo(name)
+            check_members(path, [info])
             with archive.open(name) as stream, _gzip_errors(path, name):
-                yield _maybe_gunzip(stream, name), name
+                yield _maybe_gunzip(stream, f"{path}:{name}", info.file_size), name
         return
     if member is not None:
         raise SpinnError(f"{path}: a member {member!r} was named but the file is not a zip archive")
     with open(path, "rb") as stream, _gzip_errors(path, path.name):
-        yield _maybe_gunzip(stream, path.name), path.name
+        yield _maybe_gunzip(stream, str(path), path.stat().st_size), path.name
 
 
-def _maybe_gunzip(stream: IO[bytes], name: str) -> IO[bytes]:
-    return gzip.GzipFile(fileobj=stream) if name.endswith(GZIP_SUFFIX) else stream
+def _maybe_gunzip(stream: IO[bytes], name: str, size: int) -> IO[bytes]:
+    """A `.gz` stream unpacked, only so far (Inflation: `size` is its compressed bytes); others as they are."""
+    return Inflation(gzip.GzipFile(fileobj=stream), Path(name), size) if name.endswith(GZIP_SUFFIX) else stream
 
 
 @contextmanager
@@ -149,8 +161,11 @@ class LineFormat:
     header: tuple[str, ...] | None  # None for JSON lines
 
 
-def corpus_lines(stream: IO[bytes], name: str) -> tuple[LineFormat, Iterator[tuple[int, bytes]]]:
-    """The file's line format and its data lines as (1-based line number, raw bytes).
+def corpus_lines(
+    stream: IO[bytes], name: str, max_tokens: int = DEFAULT_MAX_TOKENS
+) -> tuple[LineFormat, Iterator[tuple[int, bytes | Overlong]]]:
+    """The file's line format and its data lines as (1-based line number, raw bytes), a line longer than a
+    line may be at `max_tokens` (max_line_bytes) as its Overlong, never read whole.
 
     Lines stay undecoded so that decoding and parsing, the costly part, can run
     in worker processes; a `.txt` file's header is read here, once.
@@ -158,23 +173,27 @@ def corpus_lines(stream: IO[bytes], name: str) -> tuple[LineFormat, Iterator[tup
     corpus_format = _corpus_format(name)
     if corpus_format is None:
         raise SpinnError(f"{name}: unknown corpus format; expected .jsonl or .txt (optionally .gz)")
-    lines = _without_bom(enumerate(stream, start=1))
+    lines = _without_bom(enumerate(bounded_lines(stream, max_line_bytes(max_tokens), bare_cr=False), start=1))
     if corpus_format == "jsonl":
         return LineFormat(None), lines
     first = next(lines, None)
+    if first is not None and isinstance(first[1], Overlong):
+        raise SpinnError(f"{name}: line 1: {too_long_line(first[1].chars, first[1].limit)}; expected a header")
     header = first[1].decode("utf-8", errors="replace").rstrip("\r\n").split(TSV_SEPARATOR) if first else []
     return LineFormat(tuple(header)), lines
 
 
-def _without_bom(lines: Iterator[tuple[int, bytes]]) -> Iterator[tuple[int, bytes]]:
+def _without_bom(lines: Iterator[tuple[int, bytes | Overlong]]) -> Iterator[tuple[int, bytes | Overlong]]:
     """The lines with a UTF-8 byte order mark taken off the first (an editor's "UTF-8 with BOM"), so that
     first row, valid, is kept as the other readers keep it."""
     for number, raw in lines:
-        yield number, raw.removeprefix(codecs.BOM_UTF8) if number == 1 else raw
+        yield number, raw.removeprefix(codecs.BOM_UTF8) if number == 1 and isinstance(raw, bytes) else raw
 
 
-def read_record(raw: bytes, line_format: LineFormat) -> tuple[str, dict[str, Any] | RecordProblem] | None:
+def read_record(raw: bytes | Overlong, line_format: LineFormat) -> tuple[str, dict[str, Any] | RecordProblem] | None:
     """(the line as text, its record or the problem reading it); None for a blank line."""
+    if isinstance(raw, Overlong):
+        return raw.excerpt(), too_long_line(raw.chars, raw.limit)
     try:
         text = raw.decode("utf-8").rstrip("\r\n")
     except UnicodeDecodeError as error:
@@ -188,7 +207,8 @@ def read_record(raw: bytes, line_format: LineFormat) -> tuple[str, dict[str, Any
 
 
 def iter_records(stream: IO[bytes], name: str) -> Iterator[tuple[int, str, dict[str, Any] | RecordProblem]]:
-    """Yield (line number, raw text, record or the problem reading it) for each non-blank line."""
+    """Yield (line number, raw text, record or the problem reading it) for each non-blank line; a line longer
+    than the default token limit allows is a too_long problem, never read whole."""
     line_format, lines = corpus_lines(stream, name)
     for number, raw in lines:
         read = read_record(raw, line_format)

@@ -21,6 +21,8 @@ import numpy
 import pyarrow.parquet as pq
 from tqdm import tqdm
 
+from spinn.data.limits import Inflation, check_members
+from spinn.data.text_lines import Overlong, bounded_lines
 from spinn.data.vector_sources import MISSING_PACKAGE
 from spinn.data.vocab import SPECIALS, Vocabulary
 from spinn.errors import SpinnError
@@ -37,6 +39,9 @@ TEXT_MEMBER_SUFFIX = ".txt"
 MACOS_JUNK_PREFIX = "__MACOSX/"
 READ_BUFFER_BYTES = 1 << 18
 """Read-ahead per text source: big enough for fast reads, small next to any vocabulary matrix."""
+MAX_LINE_BYTES = 1 << 20
+"""A vector line longer than this is skipped unread (a 300-d GloVe line takes about 3 KB; 1 MiB holds 80,000
+values): a file with no line end is not read whole into memory."""
 PREVIEW_CHARS = 60
 UNMATCHED, FOLDED, EXACT = 0, 1, 2
 """Match quality per vocabulary row: an exact source word beats one that only lowercases to it."""
@@ -143,6 +148,9 @@ def align_text_file(path: Path, vocabulary: Vocabulary, progress: bool) -> Align
         keep(matcher, matrix, word, vector)
         skipped = 0
         for _number, raw in numbered:
+            if isinstance(raw, Overlong):
+                skipped += 1
+                continue
             line = raw.rstrip(LINE_END)
             if not line:
                 continue
@@ -170,8 +178,9 @@ def keep(matcher: RowMatcher, matrix: numpy.ndarray, word: bytes, vector: numpy.
 
 
 @contextmanager
-def open_lines(path: Path) -> Iterator[tuple[Iterator[bytes], str]]:
-    """Yield the binary lines of a plain, gzip or single-.txt zip file, and a label naming it.
+def open_lines(path: Path) -> Iterator[tuple[Iterator[bytes | Overlong], str]]:
+    """Yield the binary lines of a plain, gzip or single-.txt zip file (one over MAX_LINE_BYTES as its
+    Overlong; a gzip stream unpacked only so far: Inflation), and a label naming it.
 
     The format is sniffed from the first bytes rather than the suffix, since a
     downloaded file's name may not tell. Bytes, not text: the word is decoded
@@ -182,15 +191,21 @@ def open_lines(path: Path) -> Iterator[tuple[Iterator[bytes], str]]:
         magic = probe.read(len(ZIP_MAGIC))
     if magic.startswith(GZIP_MAGIC):
         with gzip.open(path, "rb") as handle:
-            yield handle, str(path)
+            yield _lines(Inflation(handle, path, path.stat().st_size)), str(path)
     elif magic == ZIP_MAGIC:
         with zipfile.ZipFile(path) as bundle:
             member = text_member(bundle, path)
+            check_members(path, [bundle.getinfo(member)])
             with bundle.open(member) as raw, io.BufferedReader(raw, READ_BUFFER_BYTES) as handle:
-                yield handle, f"{path}:{member}"
+                yield _lines(handle), f"{path}:{member}"
     else:
         with path.open("rb", buffering=READ_BUFFER_BYTES) as handle:
-            yield handle, str(path)
+            yield _lines(handle), str(path)
+
+
+def _lines(stream) -> Iterator[bytes | Overlong]:
+    """Lines end at a line feed only: GloVe's words may hold any other byte."""
+    return bounded_lines(stream, MAX_LINE_BYTES, bare_cr=False)
 
 
 def text_member(bundle: zipfile.ZipFile, path: Path) -> str:
@@ -213,6 +228,11 @@ def text_member(bundle: zipfile.ZipFile, path: Path) -> str:
 def first_vector(numbered: Iterator[tuple[int, bytes]], label: str) -> tuple[bytes, numpy.ndarray]:
     """Read the first non-blank line strictly: it alone tells the dimension, so it must be `word v1 ... vD`."""
     for number, raw in numbered:
+        if isinstance(raw, Overlong):
+            raise SpinnError(
+                f"{label}: line {number}: {raw.chars} characters, more than a vector line may take "
+                f"({MAX_LINE_BYTES} bytes); expected the first line to be 'word v1 ... vD'"
+            )
         line = raw.rstrip(LINE_END)
         if not line:
             continue

@@ -1,5 +1,6 @@
 """How much input may be: a sentence's token limit and the character bound derived from it that every reader
-applies before any tokenizer or tree reader sees the text, and how far a zip archive may expand.
+applies before any tokenizer or tree reader sees the text, the bound of a whole line derived from it, and how
+far a zip archive or a gzip stream may expand.
 
 A 5 MB "sentence" kept Stanza's tokenizer busy for twenty minutes, and one in a
 prepared split made each training step take 37 s. Counting tokens needs a
@@ -16,7 +17,7 @@ from __future__ import annotations
 import shutil
 import zipfile
 from pathlib import Path
-from typing import Annotated
+from typing import IO, Annotated
 
 from pydantic import AfterValidator, Field
 
@@ -47,7 +48,12 @@ MAX_EXPANSION = 100
 """A zip member may expand to at most this many times its compressed size: text corpora deflate three- to
 tenfold, a zip bomb a thousandfold."""
 SMALL_MEMBER_BYTES = 2**20
-"""A member this small may expand as it likes: nothing it holds can fill a disk or memory."""
+"""A member (or a gzip stream) this small may expand as it likes: nothing it holds can fill a disk or memory."""
+LINE_SENTENCES = 24
+"""A line (one record) may hold this many sentences at the token limit: an SNLI line holds two sentences and
+four parses of up to PARSE_CHARS_PER_CHAR times their length (18), and its ids and labels."""
+UTF8_MAX_BYTES = 4
+"""The most bytes one character takes in UTF-8: a line's bound in bytes never cuts what its characters allow."""
 
 
 def _within_memory(tokens: int) -> int:
@@ -87,6 +93,44 @@ def check_members(archive: Path, members: list[zipfile.ZipInfo], *, extract_to: 
 def max_chars(max_tokens: int) -> int:
     """The character bound of a sentence under `max_tokens`."""
     return max_tokens * CHARS_PER_TOKEN
+
+
+def max_line_bytes(max_tokens: int) -> int:
+    """The bytes a line may take before it is rejected as too_long without being read whole."""
+    return LINE_SENTENCES * max_chars(max_tokens) * UTF8_MAX_BYTES
+
+
+def too_long_line(chars: int, limit: int) -> RecordProblem:
+    """The reject of a line longer than `limit` bytes; `chars`, its length, goes to the reject's raw_chars."""
+    problem = RecordProblem(
+        RejectReason.TOO_LONG,
+        None,
+        f"a line of {chars} characters, more than a line may take at this token limit ({limit} bytes); "
+        "it was not read whole",
+    )
+    problem.raw_chars = chars
+    return problem
+
+
+class Inflation:
+    """A gzip stream (`read` only) that stops, in one line, once it has given more than MAX_EXPANSION times
+    the `compressed` bytes it came from: a gzip bomb unpacks only that far (gzip, unlike zip, declares no
+    size to check first). Text corpora unpack three- to tenfold."""
+
+    def __init__(self, stream: IO[bytes], path: Path, compressed: int) -> None:
+        self.stream, self.path, self.given = stream, path, 0
+        self.bound = max(SMALL_MEMBER_BYTES, MAX_EXPANSION * compressed)
+        self.compressed = compressed
+
+    def read(self, size: int) -> bytes:
+        data = self.stream.read(size)
+        self.given += len(data)
+        if self.given > self.bound:
+            raise SpinnError(
+                f"{self.path}: unpacks to more than {MAX_EXPANSION} times its {self.compressed} compressed bytes "
+                f"(stopped at {self.given} bytes): a gzip bomb, or no corpus"
+            )
+        return data
 
 
 def check_length(text: str, field: str | None, limit: int) -> None:

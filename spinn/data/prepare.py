@@ -45,6 +45,7 @@ from spinn.data.limits import DEFAULT_MAX_TOKENS, MaxTokens
 from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_id
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.data.split_files import prepared_files, with_partner
+from spinn.data.text_lines import Overlong
 from spinn.errors import SpinnError
 from spinn.io import atomic_paths, publish, publishing, tidy_folder
 from spinn.paths import plain_file_name
@@ -213,7 +214,7 @@ def prepare(
         source = f"{input_path}:{name}" if name != input_path.name else str(input_path)
         split = split or infer_split(name)
         summary = PrepareSummary(source, split, *prepared_files(output_dir, split))
-        line_format, lines = corpus_lines(stream, name)
+        line_format, lines = corpus_lines(stream, name, settings.max_tokens)
         convert = partial(
             convert_chunk, line_format=line_format, source=source, trees=trees, max_tokens=settings.max_tokens
         )
@@ -228,13 +229,13 @@ def prepare(
     return summary
 
 
-def _chunks(lines: Iterator[tuple[int, bytes]]) -> Iterator[list[tuple[int, bytes]]]:
+def _chunks(lines: Iterator[tuple[int, bytes | Overlong]]) -> Iterator[Chunk]:
     while chunk := list(islice(lines, CHUNK_LINES)):
         yield chunk
 
 
-Chunk = list[tuple[int, bytes]]
-"""(line number, raw bytes) of consecutive lines."""
+Chunk = list[tuple[int, bytes | Overlong]]
+"""(line number, raw bytes, or an over-long line's start and length) of consecutive lines."""
 
 
 def _run_chunks(convert, chunks: Iterable[Chunk], workers: int) -> Iterator[tuple[Chunk, ChunkResult]]:
@@ -264,7 +265,7 @@ def _run_chunks(convert, chunks: Iterable[Chunk], workers: int) -> Iterator[tupl
 
 
 def convert_chunk(
-    chunk: list[tuple[int, bytes]], *, line_format: LineFormat, source: str, trees: TreeSource, max_tokens: int
+    chunk: Chunk, *, line_format: LineFormat, source: str, trees: TreeSource, max_tokens: int
 ) -> ChunkResult:
     """Turn raw lines into a table of pairs plus the rejects; runs in a worker process."""
     columns: dict[str, list] = {f.name: [] for f in PAIR_FIELDS}

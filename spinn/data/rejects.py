@@ -57,7 +57,7 @@ class Reject:
 
     def __post_init__(self) -> None:
         if len(self.raw) > RAW_EXCERPT_CHARS:
-            object.__setattr__(self, "raw_chars", len(self.raw))
+            object.__setattr__(self, "raw_chars", self.raw_chars or len(self.raw))
             object.__setattr__(self, "raw", self.raw[:RAW_EXCERPT_CHARS])
 
     def to_dict(self) -> dict[str, str | int | None]:
@@ -75,8 +75,9 @@ class Reject:
 
     @classmethod
     def of(cls, problem: RecordProblem, file: str, line: int, raw: str, pair_id: str | None) -> Reject:
-        """The reject of a row whose reading raised `problem`."""
-        return cls(file, line, problem.reason, problem.field, str(problem), raw, pair_id)
+        """The reject of a row whose reading raised `problem` (one about a line too long to read whole carries
+        the line's length: `raw` is its excerpt)."""
+        return cls(file, line, problem.reason, problem.field, str(problem), raw, pair_id, problem.raw_chars)
 
     def to_json(self) -> str:
         """One line of a rejects file; text stays as written (not \\u-escaped), since people read these files."""
@@ -97,6 +98,9 @@ def reject_pair_id(values: Mapping[str, Any] | Exception, column: str | None, ro
 
 class RecordProblem(Exception):
     """Raised while converting one record; becomes a Reject for that line."""
+
+    raw_chars: int | None = None
+    """The length of a line kept only as an excerpt (spinn.data.text_lines.Overlong)."""
 
     def __init__(self, reason: RejectReason, field: str | None, message: str):
         super().__init__(message)

@@ -35,7 +35,7 @@ from pydantic import AfterValidator, Field
 
 from spinn.data.column_sidecar import over_sidecar
 from spinn.data.label_schemes import NO_GOLD, checked_scheme
-from spinn.data.limits import TEXT_MAX_TOKENS, check_length, max_chars
+from spinn.data.limits import TEXT_MAX_TOKENS, check_length, max_chars, max_line_bytes, too_long_line
 from spinn.data.rejects import RecordProblem, Reject, RejectReason, not_text, reject_pair_id
 from spinn.data.schema import NO_CONSENSUS_LABEL
 from spinn.data.text_lines import NUL, READ_ERRORS, Line, open_bytes, text_lines
@@ -125,8 +125,8 @@ class _Row(NamedTuple):
 
 @dataclass(frozen=True)
 class _Reader:
-    available: Callable[[Path], list[str]]  # the file's column names
-    rows: Callable[[Path, Columns], Iterator[_Row]]
+    available: Callable[[Path, int], list[str]]  # the file's column names (a text line at most so many bytes)
+    rows: Callable[[Path, Columns, int], Iterator[_Row]]
 
 
 # --------------------------------------------------------------------------- public entry points
@@ -164,16 +164,17 @@ def read_input_pairs(
     path: Path, columns: Columns | None = None, fmt: str | None = None, *, max_tokens: int = TEXT_MAX_TOKENS
 ) -> Iterator[InputPair | Reject]:
     """One `InputPair` or `Reject` per data row, in file order; whole-file problems raise SpinnError now.
-    A sentence longer than `max_tokens` allows in characters is rejected as too_long, before any tokenizer."""
+    A sentence longer than `max_tokens` allows in characters is rejected as too_long, before any tokenizer, and
+    so is a line longer than a line may be (spinn.data.limits.max_line_bytes), before it is read whole."""
     path = refuse_special_file(Path(path))
     if not path.is_file():
         raise SpinnError(f"{path}: no such file")
     columns = over_sidecar(path, columns or Columns())
     detected = detect_format(path, fmt)
     _check_content(path, detected)
-    reader = _READERS[detected]
-    resolved = resolve_columns(reader.available(path), columns, path)
-    return _validated(path, resolved, reader.rows(path, resolved), max_chars(max_tokens))
+    reader, line_bytes = _READERS[detected], max_line_bytes(max_tokens)
+    resolved = resolve_columns(reader.available(path, line_bytes), columns, path)
+    return _validated(path, resolved, reader.rows(path, resolved, line_bytes), max_chars(max_tokens))
 
 
 def resolve_columns(available: Sequence[str], columns: Columns, path: Path) -> Columns:
@@ -315,7 +316,7 @@ class LineFeed:
         line = next(self._lines)
         self.taken.append(line)
         self.count = line.number
-        return line.text
+        return "\n" if line.overlong else line.text  # an excerpt is no row: the csv reader sees a blank line
 
     def take(self) -> list[Line]:
         taken, self.taken = self.taken, []
@@ -323,10 +324,10 @@ class LineFeed:
 
 
 @contextmanager
-def _delimited(path: Path, fmt: str) -> Iterator[tuple[Iterator[list[str]], LineFeed, list[str]]]:
+def _delimited(path: Path, fmt: str, line_bytes: int) -> Iterator[tuple[Iterator[list[str]], LineFeed, list[str]]]:
     """An open csv reader past the header, its line feed, and the header."""
     with open_bytes(path) as stream:
-        feed = LineFeed(text_lines(stream, path))
+        feed = LineFeed(text_lines(stream, path, line_bytes))
         reader = csv.reader(feed, **DIALECTS[fmt])
         yield reader, feed, _header(reader, feed, path)
 
@@ -336,9 +337,13 @@ def _header(reader: Iterator[list[str]], feed: LineFeed, path: Path) -> list[str
         header = next(reader, None)
     except csv.Error as error:
         raise SpinnError(f"{path}: unreadable header row: {error}") from None
+    lines = feed.take()
+    overlong = next((line.overlong for line in lines if line.overlong), None)
+    if overlong:
+        raise SpinnError(f"{path}: line 1: {too_long_line(overlong.chars, overlong.limit)}; expected a header row")
     if not header:
         raise SpinnError(f"{path}: empty file; expected a header row naming the columns")
-    if any(line.encoding_error for line in feed.take()):
+    if any(line.encoding_error for line in lines):
         raise SpinnError(f"{path}: the header row is not UTF-8")
     duplicates = sorted({name for name in header if header.count(name) > 1})
     if duplicates:
@@ -346,15 +351,15 @@ def _header(reader: Iterator[list[str]], feed: LineFeed, path: Path) -> list[str
     return header
 
 
-def _delimited_columns(path: Path, fmt: str) -> list[str]:
-    with _delimited(path, fmt) as (_, _, header):
+def _delimited_columns(path: Path, line_bytes: int, fmt: str) -> list[str]:
+    with _delimited(path, fmt, line_bytes) as (_, _, header):
         return header
 
 
-def _delimited_rows(path: Path, columns: Columns, fmt: str) -> Iterator[_Row]:
+def _delimited_rows(path: Path, columns: Columns, line_bytes: int, fmt: str) -> Iterator[_Row]:
     """Data rows; blank lines are not rows. A quoted field may span lines: the row's line is its first."""
     del columns  # every field of a row is read anyway
-    with _delimited(path, fmt) as (reader, feed, header):
+    with _delimited(path, fmt, line_bytes) as (reader, feed, header):
         row = 0
         while True:
             start = feed.count + 1
@@ -366,7 +371,7 @@ def _delimited_rows(path: Path, columns: Columns, fmt: str) -> Iterator[_Row]:
                 fields = error
             lines = feed.take()
             raw = "".join(line.text for line in lines).rstrip("\r\n")
-            if raw.strip():
+            if raw.strip() or any(line.overlong for line in lines):
                 row += 1
                 yield _Row(row, start, raw, _delimited_values(fields, header, lines, fmt))
 
@@ -374,6 +379,10 @@ def _delimited_rows(path: Path, columns: Columns, fmt: str) -> Iterator[_Row]:
 def _delimited_values(
     fields: list[str] | csv.Error, header: list[str], lines: list[Line], fmt: str
 ) -> Mapping[str, str] | RecordProblem:
+    overlong = [line.overlong for line in lines if line.overlong]
+    if overlong:  # the row's length: its over-long lines' and the others'
+        chars = sum(part.chars for part in overlong) + sum(len(line.text) for line in lines if not line.overlong)
+        return too_long_line(chars, overlong[0].limit)
     encoding_error = next((line.encoding_error for line in lines if line.encoding_error), None)
     if encoding_error:
         return RecordProblem(RejectReason.MALFORMED_ENCODING, None, encoding_error)
@@ -389,15 +398,17 @@ def _delimited_values(
 # --------------------------------------------------------------------------- json lines
 
 
-def _jsonl_records(path: Path) -> Iterator[tuple[Line, dict[str, Any] | RecordProblem]]:
+def _jsonl_records(path: Path, line_bytes: int) -> Iterator[tuple[Line, dict[str, Any] | RecordProblem]]:
     """Each non-blank line with its JSON object or the problem reading it."""
     with open_bytes(path) as stream:
-        for line in text_lines(stream, path):
-            if line.text.strip():
+        for line in text_lines(stream, path, line_bytes):
+            if line.overlong or line.text.strip():
                 yield line, _json_object(line)
 
 
 def _json_object(line: Line) -> dict[str, Any] | RecordProblem:
+    if line.overlong:
+        return too_long_line(line.overlong.chars, line.overlong.limit)
     if line.encoding_error:
         return RecordProblem(RejectReason.MALFORMED_ENCODING, None, line.encoding_error)
     try:
@@ -409,11 +420,11 @@ def _json_object(line: Line) -> dict[str, Any] | RecordProblem:
     return value
 
 
-def _jsonl_columns(path: Path) -> list[str]:
+def _jsonl_columns(path: Path, line_bytes: int) -> list[str]:
     """The keys of the leading objects, in first-seen order: one bad first line must not hide the columns."""
     keys: dict[str, None] = {}
     sampled = 0
-    for _, value in _jsonl_records(path):
+    for _, value in _jsonl_records(path, line_bytes):
         if isinstance(value, dict):
             keys.update(dict.fromkeys(value))
             sampled += 1
@@ -422,9 +433,9 @@ def _jsonl_columns(path: Path) -> list[str]:
     return list(keys)
 
 
-def _jsonl_rows(path: Path, columns: Columns) -> Iterator[_Row]:
+def _jsonl_rows(path: Path, columns: Columns, line_bytes: int) -> Iterator[_Row]:
     del columns  # a JSON line is parsed whole
-    for row, (line, value) in enumerate(_jsonl_records(path), start=1):
+    for row, (line, value) in enumerate(_jsonl_records(path, line_bytes), start=1):
         yield _Row(row, line.number, line.text.rstrip("\r\n"), value)
 
 
@@ -439,12 +450,12 @@ def _parquet_errors(path: Path) -> Iterator[None]:
         raise SpinnError(f"{path}: not a readable Parquet file ({error})") from None
 
 
-def _parquet_columns(path: Path) -> list[str]:
+def _parquet_columns(path: Path, _line_bytes: int) -> list[str]:
     with _parquet_errors(path):
         return pq.read_schema(path).names
 
 
-def _parquet_rows(path: Path, columns: Columns) -> Iterator[_Row]:
+def _parquet_rows(path: Path, columns: Columns, _line_bytes: int) -> Iterator[_Row]:
     """Rows in record batches, reading only the columns in use; `raw` is the row as JSON."""
     needed = list(
         dict.fromkeys(

@@ -15,15 +15,17 @@ reader, columns and sidecar) and its two trees, under label's column names.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import ClassVar, NamedTuple
 
 from pydantic import Field
 
 from spinn.data.example import Example
-from spinn.data.limits import TEXT_MAX_TOKENS, MaxTokens
+from spinn.data.limits import TEXT_MAX_TOKENS, UTF8_MAX_BYTES, MaxTokens, max_chars
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
-from spinn.errors import SpinnError
+from spinn.data.text_lines import open_bytes, text_lines
+from spinn.errors import SpinnError, SpinnWarning
 from spinn.inference.predict import predict
 from spinn.io import atomic_path, publishing
 from spinn.model.config import TransitionSource
@@ -39,6 +41,8 @@ NO_TREE = ""
 """The tree of a blank line: the line stays, so line numbers still join."""
 HTML_TREES = 20
 BATCH_SENTENCES = 256
+REFUSED_SHOWN = 5
+"""How many refused lines a warning names."""
 SENTENCES_PER_PAIR = 2
 """The model reads pairs; `spinn trees` feeds it its sentences two at a time."""
 
@@ -60,8 +64,8 @@ class TreesSettings(Settings):
     device: Device = "auto"
     """Where the model runs; auto: the GPU when there is one."""
     max_tokens: MaxTokens = TEXT_MAX_TOKENS
-    """A pairs file's sentence longer than this many tokens allows in characters is skipped before the
-    tokenizer sees it (spinn/data/limits.py)."""
+    """A sentence (a .txt line, a pairs file's sentence) longer than this many tokens allows in characters is
+    skipped before the tokenizer sees it (spinn/data/limits.py)."""
     columns: Columns = Columns()
     """Which columns of a pairs file hold the pair and its id."""
     input_format: Format | None = Field(None, json_schema_extra={"cli": "--format"})
@@ -88,7 +92,9 @@ def induce_trees(
         settings = settings or TreesSettings()
         pairs = None if input_path.name.endswith(TEXT_SUFFIX) else _pairs(input_path, output, settings)
         loaded = _tree_builder(model_reference, settings)
-        sentences = _lines(input_path) if pairs is None else [side for pair in pairs for side in pair[1:]]
+        sentences = (
+            _lines(input_path, settings.max_tokens) if pairs is None else [side for pair in pairs for side in pair[1:]]
+        )
         trees = _distinct_trees(loaded, sentences, settings.batch_size)
         text = _tree_lines(sentences, trees) if pairs is None else _pair_lines(pairs, trees)
         with atomic_path(output) as temporary:
@@ -106,9 +112,24 @@ def _tree_builder(model_reference: str | Path, settings: TreesSettings) -> Loade
     return loaded
 
 
-def _lines(path: Path) -> list[Tokens]:
-    """A .txt input's sentences, one per line, blank lines kept (as no tokens) so line numbers still join."""
-    return [tuple(tokenize(line)) for line in path.read_text(encoding="utf-8").splitlines()]
+def _lines(path: Path, max_tokens: int) -> list[Tokens]:
+    """A .txt input's sentences, one per line, blank lines kept (as no tokens) so line numbers still join. A
+    line longer than `max_tokens` allows in characters, or not UTF-8, draws no tree either (counted in a
+    warning): it is never tokenized, nor read whole (spinn.data.text_lines)."""
+    limit, sentences, refused = max_chars(max_tokens), [], []
+    with open_bytes(path) as stream:
+        for line in text_lines(stream, path, limit * UTF8_MAX_BYTES):
+            text = line.text.rstrip("\r\n")
+            refuse = line.overlong or line.encoding_error or len(text) > limit
+            refused += [line.number] if refuse else []
+            sentences.append(() if refuse else tuple(tokenize(text)))
+    if refused:
+        shown = ", ".join(map(str, refused[:REFUSED_SHOWN])) + (", ..." if len(refused) > REFUSED_SHOWN else "")
+        message = (
+            f"{path}: {len(refused)} lines draw no tree: longer than --max-tokens {max_tokens} allows, or not UTF-8"
+        )
+        warnings.warn(SpinnWarning(f"{message} (lines {shown})"), stacklevel=2)
+    return sentences
 
 
 class _Pair(NamedTuple):

@@ -148,16 +148,7 @@ class TrainConfig(Settings):
     @field_validator("model")
     @classmethod
     def _model_fits_in_memory(cls, model: SPINNConfig) -> SPINNConfig:
-        """A model whose training state (weights, gradients, the optimizer's moments) would pass half this
-        machine's memory is one line naming the size the user gave, not an allocator traceback."""
-        needed = model.parameter_estimate() * TRAINING_BYTES_PER_WEIGHT
-        if needed > usable_memory() // MODEL_MEMORY_SHARE:
-            raise Conflict(
-                f"a model this size needs about {gib(needed)} to train, more than 1/{MODEL_MEMORY_SHARE} of this "
-                f"machine's memory ({gib(usable_memory())}); choose smaller sizes",
-                *SIZE_FIELDS,
-            )
-        return model
+        return check_trainable(model, SIZE_FIELDS)
 
     @model_validator(mode="before")
     @classmethod
@@ -235,6 +226,20 @@ class TrainConfig(Settings):
             for key, value in _flatten(self.to_dict())
             if variant in VARIANT_PARAMS.get(key, frozenset({variant}))
         }
+
+
+def check_trainable(model: SPINNConfig, sizes: tuple[str, ...]) -> SPINNConfig:
+    """A model whose training state (weights, gradients, the optimizer's moments) would pass half this
+    machine's memory is one line naming the size the user gave (the first of `sizes` set), not an allocator
+    traceback: the one rule for `spinn train` and `spinn bench`."""
+    needed = model.parameter_estimate() * TRAINING_BYTES_PER_WEIGHT
+    if needed > usable_memory() // MODEL_MEMORY_SHARE:
+        raise Conflict(
+            f"a model this size needs about {gib(needed)} to train, more than 1/{MODEL_MEMORY_SHARE} of this "
+            f"machine's memory ({gib(usable_memory())}); choose smaller sizes",
+            *sizes,
+        )
+    return model
 
 
 def auto_eval_every(train_pairs: int, batch_size: int) -> int:

@@ -18,7 +18,7 @@ from spinn.data.vocab import VOCAB_FILENAME
 from spinn.io import atomic_path, publishing, write_json
 from spinn.model.checkpoint import load_checkpoint
 from spinn.tracking.register import SELECTION_METRIC
-from spinn.training import distributed
+from spinn.training import continuation, distributed
 from spinn.training.build import TrainingRun
 from spinn.training.checkpoints import save_run
 from spinn.training.config import TrainConfig
@@ -107,7 +107,7 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
         evaluate_dev(run, state, tracking)
     calibrate_best(run, state, tracking)
     best = load_checkpoint(run.output_dir / BEST_CHECKPOINT)
-    pairs_per_second = state.train_pairs / state.train_seconds if state.train_seconds else 0.0
+    pairs_per_second = _pairs_per_second(state)
     tracking.log_metrics({SELECTION_METRIC: state.best_dev_accuracy}, state.step)  # what registration compares
     tracking.set_tags(  # one value per run, read in the run's overview and table, not drawn as one-point charts
         {
@@ -139,6 +139,25 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
         if version is not None:
             state.model_version, state.registered_best_step = version, state.best_step
     save_run(run, state, run.output_dir / LAST_CHECKPOINT)
+    return _result(run, state, version, promoted)
+
+
+def nothing_to_publish(run: TrainingRun, state: TrainState, register: bool) -> bool:
+    """Whether `finish` would add nothing: the run trained to its end, was scored at its last step, best.pt
+    has its temperature, and its model is registered (when asked to be). Such a run, finished in MLflow, is
+    the result as its folder holds it (spinn.training.continuation)."""
+    calibrated = load_checkpoint(run.output_dir / BEST_CHECKPOINT).temperature is not None
+    registered = not register or state.registered_best_step == state.best_step
+    return state.finished and state.last_eval_step == state.step and calibrated and registered
+
+
+def reused_result(run: TrainingRun, state: TrainState) -> TrainResult:
+    """The result of a finished run that has nothing to publish, read from its folder alone."""
+    return _result(run, state, state.model_version, promoted=False)
+
+
+def _result(run: TrainingRun, state: TrainState, version: str | None, promoted: bool) -> TrainResult:
+    best = load_checkpoint(run.output_dir / BEST_CHECKPOINT)
     return TrainResult(
         state.run_id,
         state.step,
@@ -149,11 +168,15 @@ def finish(run: TrainingRun, state: TrainState, tracking, register: bool) -> Tra
         version,
         promoted,
         state.train_seconds,
-        pairs_per_second,
+        _pairs_per_second(state),
         best.metrics or {},
         best.softmax_temperature,
         state.eval_seconds,
     )
+
+
+def _pairs_per_second(state: TrainState) -> float:
+    return state.train_pairs / state.train_seconds if state.train_seconds else 0.0
 
 
 def _publish(run: TrainingRun, state: TrainState, report: dict, tracking, register: bool) -> tuple[str | None, bool]:
@@ -204,7 +227,8 @@ def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, P
     """`train.json` (DVC metrics) and the train / dev curves read back from MLflow (DVC plots).
 
     The curves come from the run's metric history, where a resumed run's
-    repeated steps resolve to their latest value, so they match the MLflow UI.
+    repeated steps resolve to their latest value, so they match the MLflow UI;
+    a run that continues a finished one starts with that run's history.
     """
     from spinn.tracking import store as tracking
 
@@ -219,7 +243,7 @@ def write_metrics_files(result: TrainResult, metrics_dir: Path) -> tuple[Path, P
     paths = metrics_files(metrics_dir)
     with publishing(paths):
         write_json(paths[0], summary)
-        history = tracking.metric_history(result.run_id, [*TRAIN_CURVE_KEYS, *DEV_CURVE_KEYS])
+        history = continuation.history(result.run_id, [*TRAIN_CURVE_KEYS, *DEV_CURVE_KEYS], tracking)
         _write_curve(paths[1], TRAIN_CURVE_KEYS, history)
         _write_curve(paths[2], [key for key in DEV_CURVE_KEYS if history[key]], history)
     return paths

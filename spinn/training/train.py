@@ -5,7 +5,8 @@ the run's folder (spinn.training.folders), builds the run (build), starts or
 resumes it (checkpoints), runs the loop (loop) and publishes what it made
 (publish); with `processes` > 1 outside torchrun it relaunches itself under
 torchrun (relaunch). `--resume` continues a killed run in the same MLflow run
-and ends with the same weights as a run that was never interrupted.
+(a finished one in a new MLflow run linked to it: continuation) and ends with
+the same weights as a run that was never interrupted.
 
 Under torchrun (spinn/training/distributed.py) every rank runs the loop on its
 share of each global batch; rank 0 alone evaluates, writes checkpoints (with
@@ -23,12 +24,13 @@ from tqdm import tqdm
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
 from spinn.data.split_files import with_partner
 from spinn.errors import SpinnError
-from spinn.io import check_outputs, lock_output_folder
+from spinn.io import FolderLock, check_outputs, lock_output_folder
 from spinn.settings import usable_cores
 from spinn.training import distributed
 from spinn.training.build import TrainingRun, build_run
 from spinn.training.checkpoints import resume_run
 from spinn.training.config import TrainConfig
+from spinn.training.continuation import continuation_name, continuation_tags, finished_run
 from spinn.training.distributed import Topology
 from spinn.training.folders import (
     LAST_CHECKPOINT,
@@ -45,7 +47,7 @@ from spinn.training.folders import (
     run_folder,
 )
 from spinn.training.loop import loop
-from spinn.training.publish import default_run_name, finish, log_run_start
+from spinn.training.publish import default_run_name, finish, log_run_start, nothing_to_publish, reused_result
 from spinn.training.relaunch import train_distributed, write_result
 from spinn.training.state import TrainResult, TrainState
 
@@ -98,7 +100,6 @@ def train(
         )
     # none: the cores this process may use (a cgroup quota included), not torch's count of the machine's cores
     torch.set_num_threads(config.threads or usable_cores())
-    run_name = run_name or default_run_name(config, Path(train_path))
     paths = (Path(train_path), Path(dev_path), config, output_dir, vocab_path, Path(embeddings_dir))
     try:
         if not topology.is_main:
@@ -112,20 +113,41 @@ def train(
             if state.run_id is not None:
                 check_run_of_folder(state.run_id, output_dir, tracking)
             close_abandoned_run(lock, state.run_id, tracking)
-            with tracking.run(config.experiment, run_name, state.run_id) as run_id:
-                lock.record(**{MLFLOW_RUN_FACT: run_id})
-                if state.run_id is None:
-                    state.run_id = run_id
-                    tracking.set_tags(folder_tags(output_dir))
-                    log_run_start(run, tracking)
-                if not state.finished:
-                    loop(run, state, tracking, progress)
-                result = finish(run, state, tracking, register)
+            result = _tracked(run, state, lock, tracking, run_name, register, progress)
             write_result(result, output_dir)
         distributed.barrier()  # the other ranks wait in _follow until the model is published
         return result
     finally:
         distributed.teardown()
+
+
+def _tracked(
+    run: TrainingRun,
+    state: TrainState,
+    lock: FolderLock,
+    tracking,
+    run_name: str | None,
+    register: bool,
+    progress: bool,
+) -> TrainResult:
+    """Train what is left and publish it in the MLflow run this one writes into: its own, a new one that
+    continues the finished run it resumes, or none when that finished run has nothing left to do
+    (spinn.training.continuation)."""
+    finished = finished_run(state, tracking)
+    if finished is not None and nothing_to_publish(run, state, register):
+        return reused_result(run, state)
+    if finished is not None:
+        state.run_id, run_name = None, run_name or continuation_name(finished)
+    run_name = run_name or default_run_name(run.config, run.train_path)
+    with tracking.run(run.config.experiment, run_name, state.run_id) as run_id:
+        lock.record(**{MLFLOW_RUN_FACT: run_id})
+        if state.run_id is None:
+            state.run_id = run_id
+            tracking.set_tags({**folder_tags(run.output_dir), **continuation_tags(finished)})
+            log_run_start(run, tracking)
+        if not state.finished:
+            loop(run, state, tracking, progress)
+        return finish(run, state, tracking, register)
 
 
 def training_inputs(train_path: Path, dev_path: Path, vocab_path: Path | None) -> list[Path]:
