@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
 from spinn.children import exit_with_parent
+from spinn.cores import usable_cores
 from spinn.data.corpus import (
     ID_FIELD,
     LineFormat,
@@ -47,7 +48,7 @@ from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.data.split_files import prepared_files, with_partner
 from spinn.errors import SpinnError
 from spinn.io import atomic_paths, plain_file_name, publish, publishing, tidy_folder
-from spinn.settings import Settings, usable_cores
+from spinn.settings import Settings
 
 DEFAULT_MAX_REJECT_RATIO = 0.01
 PIPELINE_SPLITS = ("train", "dev", "test")

@@ -12,10 +12,11 @@ from __future__ import annotations
 from functools import cached_property
 from pathlib import Path
 
+from spinn.cores import decide
 from spinn.errors import SpinnError
 from spinn.inference.step import InferStep
 from spinn.io import file_digest
-from spinn.labeling.settings import PARSER_AUTO, PARSER_MODEL, PARSER_STANZA, LabelSettings, model_threads
+from spinn.labeling.settings import PARSER_AUTO, PARSER_MODEL, PARSER_STANZA, LabelSettings
 from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
 from spinn.parsing.parse import TokenOnly
@@ -44,8 +45,9 @@ class Labeller:
             else TokenOnly(settings.parsing.max_tokens)
         )
         # Parser worker processes parse the next shard while the model labels this one: they share the cores.
-        parsing_alongside = self.parser.workers if self.parser.workers > 1 else 0
-        self.threads = model_threads(settings.threads, 1 + parsing_alongside)
+        self.sharing = 1 + (self.parser.workers if self.parser.workers > 1 else 0)
+        self.threads = decide(settings.threads, self.sharing).threads
+        """The model's torch threads as the run starts (spinn/cores.py; auto follows the free cores as it runs)."""
 
     @cached_property
     def checkpoint_sha256(self) -> str:

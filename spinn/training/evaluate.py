@@ -23,6 +23,7 @@ import torch
 from pydantic import Field
 from tqdm import tqdm
 
+from spinn.cores import torch_threads
 from spinn.data.example import Example
 from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
@@ -36,7 +37,7 @@ from spinn.model.checkpoint import Checkpoint, check_vocabulary
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
 from spinn.model.spinn import SPINN
-from spinn.settings import Device, Settings
+from spinn.settings import AUTO, Device, Settings, ThreadCount
 from spinn.training.metrics import Metrics, plot_confusion, score
 from spinn.training.progress import ProgressClock
 from spinn.trees.transitions import bracket_counts
@@ -145,6 +146,9 @@ class EvaluateSettings(Settings):
     """Pairs per batch (the scores do not depend on it)."""
     device: Device = "auto"
     """auto: the GPU when there is one."""
+    threads: ThreadCount = AUTO
+    """torch threads on CPU; auto: the cores other work leaves free, within the cores this process may use,
+    followed as they change (spinn/cores.py). The scores do not depend on it."""
     track: bool = True
     """Log <split>_accuracy and <split>_macro_f1 to the MLflow run that trained the model (a model whose
     run is not in this store is scored all the same)."""
@@ -176,15 +180,16 @@ def evaluate(
             check_vocabulary(loaded.saved, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
         source = transition_source(settings.transitions, loaded.model.config)
         examples = read_examples(data, loaded.vocabulary)
-        found = predict_examples(
-            loaded.model,
-            examples,
-            next(loaded.model.parameters()).device,
-            source=source,
-            batch_size=settings.batch_size,
-            progress=progress,
-            report_every_s=report_every_s,
-        )
+        with torch_threads(settings.threads, where="evaluate"):
+            found = predict_examples(
+                loaded.model,
+                examples,
+                next(loaded.model.parameters()).device,
+                source=source,
+                batch_size=settings.batch_size,
+                progress=progress,
+                report_every_s=report_every_s,
+            )
         tokens, unknown = unknown_count(ids for example in examples for ids in (example.premise, example.hypothesis))
         metrics = replace(found.metrics(), oov_share=unknown / tokens if tokens else None)
         warn_if_mostly_unknown(data, metrics.oov_share)

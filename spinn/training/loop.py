@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from tqdm import tqdm
 
+from spinn.cores import recheck
 from spinn.model.batch import bucket_batches
 from spinn.model.checkpoint import rng_states
 from spinn.tracking import links
@@ -61,6 +62,7 @@ def _epochs(run: TrainingRun, state: TrainState, window: _Window, clock: Progres
         order = bucket_batches(run.train, config.batch_size, shuffle=True, seed=config.seed + state.epoch)
         for batch in prefetch(run.train, order[state.batch_in_epoch :], run.device, run.topology):
             run.step(batch, state.step)
+            recheck()  # auto threads follow the cores other work leaves free
             state.step += 1
             state.batch_in_epoch += 1
             bar.update()

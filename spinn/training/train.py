@@ -17,14 +17,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
+from spinn.cores import torch_threads
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
 from spinn.data.split_files import with_partner
 from spinn.errors import SpinnError
 from spinn.io import check_outputs, lock_folder
-from spinn.settings import usable_cores
 from spinn.training import distributed
 from spinn.training.build import TrainingRun, build_run
 from spinn.training.checkpoints import resume_run
@@ -94,33 +93,32 @@ def train(
         return train_distributed(
             train_path, dev_path, config, output_dir, resume=resume, overwrite=overwrite, **arguments
         )
-    # none: the cores this process may use (a cgroup quota included), not torch's count of the machine's cores
-    torch.set_num_threads(config.threads or usable_cores())
     run_name = run_name or default_run_name(config, Path(train_path))
     paths = (Path(train_path), Path(dev_path), config, output_dir, vocab_path, Path(embeddings_dir))
-    try:
-        if not topology.is_main:
-            run = build_run(*paths, progress=False)
-            return _follow(run, _starting_state(run, resume, overwrite=False, progress=False), tracking)
-        with lock_folder(output_dir) as lock:
-            check_folder(output_dir, resume or overwrite, tracking)
-            run = build_run(*paths, progress=progress)
-            run.report_every_s = report_every_s
-            state = _starting_state(run, resume, overwrite, progress)
-            close_abandoned_run(lock, state.run_id, tracking)
-            with tracking.run(config.experiment, run_name, state.run_id) as run_id:
-                lock.record(**{MLFLOW_RUN_FACT: run_id})
-                if state.run_id is None:
-                    state.run_id = run_id
-                    log_run_start(run, tracking)
-                if not state.finished:
-                    loop(run, state, tracking, progress)
-                result = finish(run, state, tracking, register)
-            write_result(result, output_dir)
-        distributed.barrier()  # the other ranks wait in _follow until the model is published
-        return result
-    finally:
-        distributed.teardown()
+    with torch_threads(config.threads, where="train"):  # a rank's share: torchrun's OMP_NUM_THREADS
+        try:
+            if not topology.is_main:
+                run = build_run(*paths, progress=False)
+                return _follow(run, _starting_state(run, resume, overwrite=False, progress=False), tracking)
+            with lock_folder(output_dir) as lock:
+                check_folder(output_dir, resume or overwrite, tracking)
+                run = build_run(*paths, progress=progress)
+                run.report_every_s = report_every_s
+                state = _starting_state(run, resume, overwrite, progress)
+                close_abandoned_run(lock, state.run_id, tracking)
+                with tracking.run(config.experiment, run_name, state.run_id) as run_id:
+                    lock.record(**{MLFLOW_RUN_FACT: run_id})
+                    if state.run_id is None:
+                        state.run_id = run_id
+                        log_run_start(run, tracking)
+                    if not state.finished:
+                        loop(run, state, tracking, progress)
+                    result = finish(run, state, tracking, register)
+                write_result(result, output_dir)
+            distributed.barrier()  # the other ranks wait in _follow until the model is published
+            return result
+        finally:
+            distributed.teardown()
 
 
 def training_inputs(train_path: Path, dev_path: Path, vocab_path: Path | None) -> list[Path]:
