@@ -36,6 +36,7 @@ from spinn.data.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
 from spinn.io import file_digest
 from tests.checkout import copy_checkout
 from tests.conftest import copy_store
+from tests.helpers import assert_the_thread_rule_ran, thread_decisions, thread_rule_env
 from tests.httpserver import LocalServer
 
 pytestmark = pytest.mark.slow
@@ -55,7 +56,6 @@ TINY_TRAIN = {
     "log_every": 1,
     "checkpoint_every": 2,
     "device": "cpu",
-    "threads": 1,
     "experiment": "spinn-dvc-test",
     "registered_model": "spinn-dvc-test",
 }
@@ -70,6 +70,7 @@ GIT_IDENTITY = {
 }
 RUNNING_STAGE = "Running stage '"
 UP_TO_DATE = "Data and pipelines are up to date."
+THREADS_TRACE = "threads.jsonl"
 
 OUTPUTS = (
     "data/raw/snli_1.0.zip",
@@ -165,6 +166,7 @@ def command_env(workdir: Path, repo: Path, mirror_url: str, corpus: Path) -> dic
             "GIT_CONFIG_NOSYSTEM": "1",
             "SPINN_DOWNLOAD_URL": mirror_url,
             "SPINN_DOWNLOAD_CHECKSUM": f"sha256:{file_digest(corpus, 'sha256')}",
+            **thread_rule_env(workdir / THREADS_TRACE),  # one free core: the stages' auto threads run one
         }
     )
     env.pop("SPINN_DOWNLOAD_FILE", None)
@@ -222,6 +224,16 @@ def test_first_repro_builds_every_stage(project: Project):
     assert isinstance(test["accuracy"], float) and 0.0 <= test["accuracy"] <= 1.0
     assert test["examples"] == labelled_pairs(project.corpus, "test")
     assert read_json(repo / TRAIN_METRICS)["steps"] == TINY_TRAIN["max_steps"]
+
+
+def test_the_stages_that_run_the_model_decide_their_threads_by_the_rule(project: Project):
+    """params.yaml's `threads: auto` in train and evaluate reaches each stage's process, decided by spinn/cores.py
+    with OpenMP's wait set before torch loaded."""
+    for stage in ("train", "evaluate"):
+        decisions = thread_decisions(project.workdir / THREADS_TRACE, stage)
+        assert decisions and all(decision["argv"][1] == stage for decision in decisions)
+        for decision in decisions:
+            assert_the_thread_rule_ran(decision)
 
 
 def test_metrics_and_plots_read_what_the_stages_declare(project: Project):
