@@ -9,12 +9,15 @@
 #   random weights and SNLI dev's vocabulary is written there first: speed does not depend on the weights' values.
 #   PAIRS: raw SNLI test pairs to label, default 10000. BASELINE: another `spinn` executable, e.g.
 #   /path/to/old/checkout/.venv/bin/spinn; its training runs with --threads set to the usable cores, its old auto.)
-#   ROUNDS=3 repeats every measurement (the table shows medians; default 1); STEPS timed training steps (default
-#   12); LEVELS the busy processes per core to measure with (default "0 1 2"; 0, the idle cores, the shares need).
+#   GOMP_DEFAULT=1 adds auto with libgomp's own spin (GOMP_SPINCOUNT=300000, what a user gets by setting it), to
+#   tell the thread rule's part from the short spin's. ROUNDS=3 repeats every measurement (the table shows
+#   medians; default 1); STEPS timed training steps (default 12); LEVELS the busy processes per core to measure
+#   with (default "0 1 2"; 0, the idle cores, is what the shares of idle divide by).
 #
 # Labelling: `spinn label --parser model` on PAIRS raw pairs, process start to exit, in pairs/s. Training:
 # `spinn bench --mode train` (300D spinn, batch 32, the training step `spinn train` runs) in pairs/s over its timed
-# steps. Prints one table, then each rate as a share of the same column's idle rate.
+# steps. Prints one table: each case's rates, the threads it started with (and ended with, when they changed), and
+# each rate as a share of the same case's rate on idle cores.
 set -euo pipefail
 model=${1:?usage: scripts/shared_cores.sh MODEL [PAIRS] [BASELINE]}
 pairs=${2:-10000}
@@ -26,6 +29,7 @@ snli=$root/../shared/data/snli
 python=$root/.venv/bin/python
 spinn=$root/.venv/bin/spinn
 work=$(mktemp -d)
+LIBGOMP_SPIN=300000 # libgomp's spin when neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set
 neighbours=()
 stop_neighbours() {
   if ((${#neighbours[@]})); then
@@ -83,10 +87,10 @@ start_neighbours() {
 
 # One labelling run: prints "pairs/s threads".
 label() {
-  local command=$1 threads=$2 began ended
+  local command=$1 threads=$2 spin=$3 began ended
   rm -rf "$work"/out.* "$work"/.out.*
   began=$(date +%s.%N)
-  "$command" label "$work/pairs.csv" --model "$model" --output "$work/out.parquet" --device cpu --parser model \
+  env GOMP_SPINCOUNT="$spin" "$command" label "$work/pairs.csv" --model "$model" --output "$work/out.parquet" --device cpu --parser model \
     --no-progress --threads "$threads" >"$work/stdout" 2>"$work/stderr"
   ended=$(date +%s.%N)
   awk -v p="$pairs" -v b="$began" -v e="$ended" 'BEGIN {printf "%.0f ", p / (e - b)}'
@@ -96,8 +100,8 @@ label() {
 
 # One training benchmark: prints "pairs/s threads" (threads at the start, and at the end when they changed).
 train() {
-  local command=$1 threads=$2
-  "$command" bench --corpus "$snli/snli_1.0_dev.jsonl.gz" --variant spinn --mode train --batch-size 32 \
+  local command=$1 threads=$2 spin=$3
+  env GOMP_SPINCOUNT="$spin" "$command" bench --corpus "$snli/snli_1.0_dev.jsonl.gz" --variant spinn --mode train --batch-size 32 \
     --d-hidden 300 --d-embed 300 --steps "$steps" --warmup 2 --threads "$threads" --json >"$work/bench.json"
   "$python" - "$work/bench.json" <<'EOF'
 import json, sys
@@ -108,17 +112,20 @@ print(f"{result['pairs_per_second']:.1f} {start if start == end else f'{start}-{
 EOF
 }
 
-cases=("auto:$spinn:auto:auto" "1:$spinn:1:1")
-[[ -n $baseline ]] && cases+=("baseline:$baseline:auto:$cores")
+# name:spinn:label threads:train threads:GOMP_SPINCOUNT (spinn/cores.py's, or libgomp's own for the baseline)
+spin=$("$python" -c 'from spinn.cores import OPENMP_WAIT; print(OPENMP_WAIT["GOMP_SPINCOUNT"])')
+cases=("auto:$spinn:auto:auto:$spin" "1:$spinn:1:1:$spin")
+[[ -n ${GOMP_DEFAULT:-} ]] && cases+=("auto-gomp:$spinn:auto:auto:$LIBGOMP_SPIN")
+[[ -n $baseline ]] && cases+=("baseline:$baseline:auto:$cores:$LIBGOMP_SPIN")
 echo "$(nproc) cpus, $cores usable; model $model; $pairs pairs; $rounds round(s); load average at start:" \
   "$(cut -d' ' -f1-3 /proc/loadavg)"
 for level in ${LEVELS:-0 1 2}; do
   start_neighbours $((level * cores))
   for ((round = 0; round < rounds; round++)); do
     for case in "${cases[@]}"; do # interleaved: each case meets the same load
-      IFS=: read -r name command label_threads train_threads <<<"$case"
-      labelled=$(label "$command" "$label_threads")
-      trained=$(train "$command" "$train_threads")
+      IFS=: read -r name command label_threads train_threads spin <<<"$case"
+      labelled=$(label "$command" "$label_threads" "$spin")
+      trained=$(train "$command" "$train_threads" "$spin")
       echo "$level $name $labelled $trained" >>"$work/rates"
     done
   done
