@@ -35,6 +35,7 @@ what this process gets).
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import threading
@@ -243,18 +244,18 @@ class Decision:
             trace.write(json.dumps(line) + "\n")
 
 
-def decide(threads: int | str, sharing: int = 1, free: float | None = None) -> Decision:
-    """The torch threads to run: a number as given; auto: the free cores (`free`, else a look at the machine),
-    rounded, within this process's share of the usable cores (split among `sharing` processes, at most the
-    OMP_NUM_THREADS it started with), at least one."""
+def decide(threads: int | str, sharing: int = 1) -> Decision:
+    """The torch threads to run: a number as given; auto: the free cores (a look at the machine), rounded, within
+    this process's share of the usable cores (split among `sharing` processes, at most the OMP_NUM_THREADS it
+    started with), at least one."""
     usable = usable_cores()
     most = share(sharing)
     if _STARTED_WITH.threads is not None:
         most = min(most, _STARTED_WITH.threads)
     if threads != AUTO:
-        return Decision(threads, int(threads), usable, most, free)
-    free = _LOOKS.look() if free is None else free
-    count = most if free is None else max(1, min(most, int(free + 1 - ROUND_UP_FROM)))
+        return Decision(threads, int(threads), usable, most, None)
+    free = _LOOKS.look()
+    count = most if free is None else max(1, min(most, math.floor(free + 1 - ROUND_UP_FROM)))
     return Decision(threads, count, usable, most, free)
 
 

@@ -46,8 +46,8 @@ class Labeller:
         )
         # Parser worker processes parse the next shard while the model labels this one: they share the cores.
         self.sharing = 1 + (self.parser.workers if self.parser.workers > 1 else 0)
+        # the model's torch threads as the run starts (auto follows the free cores as it runs: spinn/cores.py)
         self.threads = decide(settings.threads, self.sharing).threads
-        """The model's torch threads as the run starts (spinn/cores.py; auto follows the free cores as it runs)."""
 
     @cached_property
     def checkpoint_sha256(self) -> str:
