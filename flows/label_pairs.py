@@ -51,13 +51,14 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from flows.artifacts import labelled_file_rows
 from flows.threads import side_by_side
 from spinn import children
+from spinn.cores import child_environment, usable_cores
 from spinn.data.sentence_pairs import readable_suffixes
 from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
-from spinn.labeling.label_settings import LabelSettings, model_threads
+from spinn.labeling.label_settings import LabelSettings
 from spinn.labeling.shard_plan import spread_over
 from spinn.labeling.track import label_metrics, log_label_run
-from spinn.settings import AUTO, count_or_auto, usable_cores
+from spinn.settings import AUTO, count_or_auto
 
 INDEX_NAME = "index.json"
 LABELS_SUFFIX = ".labels.parquet"
@@ -129,14 +130,10 @@ class LabelRequest(BaseModel):
             raise ValueError(str(error)) from None
 
     def worker_settings(self) -> LabelSettings:
-        """The label settings the Dask workers run. On the local cluster an auto `threads` is this machine's
-        usable cores split among its workers (several workers' threads on the same cores wait on each
-        other); a given cluster's workers decide auto on their own machine, so give `threads` there when a
-        machine runs several workers."""
-        settings = self.label_settings()
-        if self.dask_address or settings.threads != AUTO:
-            return settings
-        return settings.replace(threads=model_threads(AUTO, self.dask_workers))
+        """The label settings the Dask workers run: an auto `threads` is decided in each worker by the rule of
+        spinn/cores.py, within the worker's share of its machine's cores (OMP_NUM_THREADS: on the local cluster
+        this machine's usable cores split among its workers, see dask_cluster; Dask's own default is 1)."""
+        return self.label_settings()
 
     def file_threads(self) -> int:
         """How many files run side by side. More than the workers would only queue shards, and each file
@@ -161,7 +158,12 @@ def dask_cluster(request: LabelRequest) -> Iterator[str]:
     from distributed import LocalCluster
 
     with LocalCluster(
-        n_workers=request.dask_workers, threads_per_worker=1, processes=True, host=LOOPBACK, dashboard_address=None
+        n_workers=request.dask_workers,
+        threads_per_worker=1,
+        processes=True,
+        host=LOOPBACK,
+        dashboard_address=None,
+        env=child_environment(request.dask_workers),  # each worker's share of the cores (Dask would say 1)
     ) as cluster:
         yield cluster.scheduler_address
 

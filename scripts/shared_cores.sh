@@ -1,31 +1,68 @@
 #!/usr/bin/env bash
-# Issue 21 item 6: training and labelling on cores other work shares, with one torch thread and with the
-# thread count auto picks (the CPUs this process may use), and auto with OpenMP's passive wait
-# (OMP_WAIT_POLICY=PASSIVE: a thread that waits for the others sleeps instead of spinning, which costs a
-# little on idle cores and saves much on busy ones). Each case is one process timed end to end with
-# /usr/bin/time; "busy" runs a pure-Python busy loop per BUSY beside it for the whole run.
+# Training and labelling on cores that other work shares: `threads: auto` (the rule of spinn/cores.py) against one
+# thread, and optionally against another checkout's `spinn` (BASELINE, e.g. the previous release's auto), with the
+# cores idle, with one busy process per core beside the run, and with two. A busy process is a pure-Python loop
+# (`while True: pass`), started before the measured command and stopped after it.
 #
-#   scripts/shared_cores.sh MODEL [PAIRS] [BUSY]
-#   (defaults 10000 and 1; run from the repository root; MODEL: a spinn or rl checkpoint for labelling)
+#   scripts/shared_cores.sh MODEL [PAIRS] [BASELINE]
+#   (run from anywhere; MODEL: a spinn or rl checkpoint; when the file does not exist, a 300D `spinn` model with
+#   random weights and SNLI dev's vocabulary is written there first: speed does not depend on the weights' values.
+#   PAIRS: raw SNLI test pairs to label, default 10000. BASELINE: another `spinn` executable, e.g.
+#   /path/to/old/checkout/.venv/bin/spinn; its training runs with --threads set to the usable cores, its old auto.)
+#   GOMP_DEFAULT=1 adds auto with libgomp's own spin (GOMP_SPINCOUNT=300000, what a user gets by setting it), to
+#   tell the thread rule's part from the short spin's. ROUNDS=3 repeats every measurement (the table shows
+#   medians; default 1); STEPS timed training steps (default 12); LEVELS the busy processes per core to measure
+#   with (default "0 1 2"; 0, the idle cores, is what the shares of idle divide by).
 #
-# Prints one line per case: workload, threads, neighbours, wall s, CPU s, and the work rate.
+# Labelling: `spinn label --parser model` on PAIRS raw pairs, process start to exit, in pairs/s. Training:
+# `spinn bench --mode train` (300D spinn, batch 32, the training step `spinn train` runs) in pairs/s over its timed
+# steps. Prints one table: each case's rates, the threads it started with (and ended with, when they changed), and
+# each rate as a share of the same case's rate on idle cores.
 set -euo pipefail
-model=${1:?usage: scripts/shared_cores.sh MODEL [PAIRS] [BUSY]}
+model=${1:?usage: scripts/shared_cores.sh MODEL [PAIRS] [BASELINE]}
 pairs=${2:-10000}
-busy=${3:-1}
+baseline=${3:-}
+rounds=${ROUNDS:-1}
+steps=${STEPS:-12}
 root=$(cd "$(dirname "$0")/.." && pwd)
-shared=$root/../shared
+snli=$root/../shared/data/snli
 python=$root/.venv/bin/python
 spinn=$root/.venv/bin/spinn
 work=$(mktemp -d)
+LIBGOMP_SPIN=300000 # libgomp's spin when neither OMP_WAIT_POLICY nor GOMP_SPINCOUNT is set
 neighbours=()
 stop_neighbours() {
-  ((${#neighbours[@]})) && kill "${neighbours[@]}" 2>/dev/null && wait "${neighbours[@]}" 2>/dev/null
+  if ((${#neighbours[@]})); then
+    kill "${neighbours[@]}" 2>/dev/null || true
+    wait "${neighbours[@]}" 2>/dev/null || true
+  fi
   neighbours=()
 }
 trap 'stop_neighbours; rm -rf "$work"' EXIT
+cores=$("$python" -c 'from spinn.cores import usable_cores; print(usable_cores())')
 
-"$python" - "$shared/data/snli/snli_1.0_test.jsonl.gz" "$work/pairs.csv" "$pairs" <<'EOF'
+if [[ ! -e $model ]]; then
+  "$python" - "$snli/snli_1.0_dev.jsonl.gz" "$model" <<'EOF'
+import sys
+from pathlib import Path
+
+import torch
+
+from spinn.data.pairs import corpus_vocabulary, read_raw_pairs
+from spinn.model.checkpoint import Checkpoint, save_checkpoint
+from spinn.model.config import SPINNConfig
+from spinn.model.spinn import SPINN, random_vectors
+
+torch.manual_seed(0)
+vocabulary = corpus_vocabulary(read_raw_pairs(Path(sys.argv[1])))
+config = SPINNConfig(variant="spinn", d_embed=300, d_hidden=300)
+model = SPINN(config, random_vectors(len(vocabulary), config.d_embed))
+save_checkpoint(Path(sys.argv[2]), Checkpoint(model.state_dict(), config.to_dict(), vocabulary.to_json(), step=0))
+print(f"wrote {sys.argv[2]}: a 300D spinn model with random weights, {len(vocabulary)} words")
+EOF
+fi
+
+"$python" - "$snli/snli_1.0_test.jsonl.gz" "$work/pairs.csv" "$pairs" <<'EOF'
 import csv, gzip, json, sys
 
 source, path, pairs = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -45,44 +82,74 @@ start_neighbours() {
     "$python" -c "while True: pass" &
     neighbours+=($!)
   done
+  sleep 1  # running before the measured process starts
 }
 
-# One timed process: prints "wall cpu".
-timed() {
-  /usr/bin/time -f "%e %U %S" -o "$work/time" "$@" >"$work/stdout" 2>/dev/null
-  awk '{printf "%.2f %.2f", $1, $2 + $3}' "$work/time"
-}
-
-# Threads case -> the environment and the --threads value of a run.
-policy() { [[ $1 == auto-passive ]] && echo OMP_WAIT_POLICY=PASSIVE || echo -u OMP_WAIT_POLICY; }
-threads_of() { [[ $1 == auto-passive ]] && echo auto || echo "$1"; }
-
+# One labelling run: prints "pairs/s threads".
 label() {
-  rm -rf "$work/out.parquet" "$work/out.parquet.parts" "$work/out.rejects.jsonl" "$work/out.parquet.run.json"
-  timed env $(policy "$1") "$spinn" label "$work/pairs.csv" --model "$model" --output "$work/out.parquet" --device cpu \
-    --parser model --no-progress --threads "$(threads_of "$1")"
+  local command=$1 threads=$2 spin=$3 began ended
+  rm -rf "$work"/out.* "$work"/.out.*
+  began=$(date +%s.%N)
+  env GOMP_SPINCOUNT="$spin" "$command" label "$work/pairs.csv" --model "$model" --output "$work/out.parquet" --device cpu --parser model \
+    --no-progress --threads "$threads" >"$work/stdout" 2>"$work/stderr"
+  ended=$(date +%s.%N)
+  awk -v p="$pairs" -v b="$began" -v e="$ended" 'BEGIN {printf "%.0f ", p / (e - b)}'
+  grep -o '([0-9]* threads)' "$work/stdout" | tr -dc '0-9'
+  echo
 }
 
+# One training benchmark: prints "pairs/s threads" (threads at the start, and at the end when they changed).
 train() {
-  # auto as spinn train decides it (the usable cores); spinn bench's own default is torch's choice.
-  local threads
-  threads=$(threads_of "$1")
-  [[ $threads == auto ]] && threads=$("$python" -c 'from spinn.settings import usable_cores; print(usable_cores())')
-  timed env $(policy "$1") "$spinn" bench --corpus "$shared/data/snli/snli_1.0_dev.jsonl.gz" --variant spinn --mode train \
-    --batch-size 32 --steps 20 --warmup 2 --threads "$threads"
+  local command=$1 threads=$2 spin=$3
+  env GOMP_SPINCOUNT="$spin" "$command" bench --corpus "$snli/snli_1.0_dev.jsonl.gz" --variant spinn --mode train --batch-size 32 \
+    --d-hidden 300 --d-embed 300 --steps "$steps" --warmup 2 --threads "$threads" --json >"$work/bench.json"
+  "$python" - "$work/bench.json" <<'EOF'
+import json, sys
+
+result = json.load(open(sys.argv[1]))
+start, end = result["threads"], result.get("threads_at_end", result["threads"])
+print(f"{result['pairs_per_second']:.1f} {start if start == end else f'{start}-{end}'}")
+EOF
 }
 
-echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg); $(nproc) cpus; $busy busy neighbour(s) when busy"
-printf "%-8s %-12s %-10s %8s %8s  %s\n" workload threads neighbours wall_s cpu_s rate
-for neighbourhood in quiet busy; do
-  [[ $neighbourhood == busy ]] && start_neighbours "$busy"
-  for threads in 1 auto auto-passive; do
-    read -r wall cpu <<<"$(label "$threads")"
-    rate=$(awk -v p="$pairs" -v w="$wall" 'BEGIN {printf "%.0f pairs/s", p / w}')
-    printf "%-8s %-12s %-10s %8s %8s  %s\n" label "$threads" "$neighbourhood" "$wall" "$cpu" "$rate"
-    read -r wall cpu <<<"$(train "$threads")"
-    rate=$(grep -o '[0-9]* pairs/s' "$work/stdout" | head -1)
-    printf "%-8s %-12s %-10s %8s %8s  %s\n" train "$threads" "$neighbourhood" "$wall" "$cpu" "$rate (step only)"
+# name:spinn:label threads:train threads:GOMP_SPINCOUNT (spinn/cores.py's, or libgomp's own for the baseline)
+spin=$("$python" -c 'from spinn.cores import OPENMP_WAIT; print(OPENMP_WAIT["GOMP_SPINCOUNT"])')
+cases=("auto:$spinn:auto:auto:$spin" "1:$spinn:1:1:$spin")
+[[ -n ${GOMP_DEFAULT:-} ]] && cases+=("auto-gomp:$spinn:auto:auto:$LIBGOMP_SPIN")
+[[ -n $baseline ]] && cases+=("baseline:$baseline:auto:$cores:$LIBGOMP_SPIN")
+echo "$(nproc) cpus, $cores usable; model $model; $pairs pairs; $rounds round(s); load average at start:" \
+  "$(cut -d' ' -f1-3 /proc/loadavg)"
+for level in ${LEVELS:-0 1 2}; do
+  start_neighbours $((level * cores))
+  for ((round = 0; round < rounds; round++)); do
+    for case in "${cases[@]}"; do # interleaved: each case meets the same load
+      IFS=: read -r name command label_threads train_threads spin <<<"$case"
+      labelled=$(label "$command" "$label_threads" "$spin")
+      trained=$(train "$command" "$train_threads" "$spin")
+      echo "$level $name $labelled $trained" >>"$work/rates"
+    done
   done
   stop_neighbours
 done
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+"$python" - "$work/rates" <<'EOF'
+import statistics, sys
+
+LEVELS = {"0": "idle", "1": "1 busy per core", "2": "2 busy per core"}
+rows = {}
+for line in open(sys.argv[1]):
+    level, name, label_rate, label_threads, train_rate, train_threads = line.split()
+    row = rows.setdefault((level, name), {"label": [], "train": []})
+    row["label"].append(float(label_rate))
+    row["train"].append(float(train_rate))
+    row["threads"] = (label_threads, train_threads)
+print(f"\n{'cores':16} {'threads':9} {'label pairs/s':>13} {'threads':>7} {'train pairs/s':>13} {'threads':>7}"
+      f" {'label/idle':>10} {'train/idle':>10}")
+for (level, name), row in rows.items():
+    label, train = statistics.median(row["label"]), statistics.median(row["train"])
+    idle = rows[("0", name)]
+    shares = [100 * value / statistics.median(idle[work]) for value, work in ((label, "label"), (train, "train"))]
+    print(f"{LEVELS[level]:16} {name:9} {label:13.0f} {row['threads'][0]:>7} {train:13.1f} {row['threads'][1]:>7}"
+          f" {shares[0]:9.0f}% {shares[1]:9.0f}%")
+EOF

@@ -34,7 +34,7 @@ import random
 import resource
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from itertools import cycle, islice
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +42,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
+from spinn.cores import recheck, torch_threads, usable_cores
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
@@ -52,7 +53,7 @@ from spinn.model.loading import resolve_device
 from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
-from spinn.settings import Conflict, Settings, usable_cores
+from spinn.settings import AUTO, Conflict, Settings, ThreadCount
 from spinn.training.config import check_trainable
 from spinn.training.loader import prefetch
 from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer
@@ -106,8 +107,9 @@ class BenchSettings(Settings):
     """Also count aten ops and host syncs per step (any device)."""
     profile: bool = False
     """Also profile kernels per step and the GPU's busy share (CUDA)."""
-    threads: int | None = Field(None, ge=1)
-    """torch intra-op threads (default: torch's choice)."""
+    threads: ThreadCount = AUTO
+    """torch intra-op threads; auto: the rule every command follows (spinn/cores.py: the cores other work leaves
+    free, looked at again every second of timing)."""
     seed: int = 0
     """Seeds the weights, the resampling and the batch order."""
 
@@ -146,20 +148,8 @@ class BenchSettings(Settings):
 def run_bench(settings: BenchSettings) -> dict[str, Any]:
     """Run the benchmark and return one flat JSON-ready dict (settings and measurements)."""
     resolve_device(settings.device)
-    with _torch_threads(settings.threads):
-        return _run(settings)
-
-
-@contextlib.contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
-    """Use that many intra-op threads inside, and give the caller its own setting back."""
-    previous = torch.get_num_threads()
-    if threads is not None:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
+    with torch_threads(settings.threads, where="bench") as decision:
+        return {**_run(settings), "threads": decision.threads, "threads_at_end": torch.get_num_threads()}
 
 
 def _run(settings: BenchSettings) -> dict[str, Any]:
@@ -191,7 +181,6 @@ def _run(settings: BenchSettings) -> dict[str, Any]:
         "mlp_layers": config.mlp_layers,
         "mlp_dim": config.mlp_dim,
         "device_name": _device_name(settings.device),
-        "threads": torch.get_num_threads(),
         "torch": torch.__version__,
     }
     again = _repeat(settings, model, source, host_batches[settings.warmup :])
@@ -384,6 +373,7 @@ def _time(step, batches: list[Batch], warmup: int, device: str) -> tuple[float, 
     start = time.perf_counter()
     for batch in batches[warmup:]:
         step(batch)
+        recheck()  # auto threads follow the free cores, as in `spinn train`
     _synchronize(device)
     seconds = time.perf_counter() - start
     if device == "cuda":

@@ -22,8 +22,10 @@ from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Self, Union, g
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
+    Field,
     PlainValidator,
     ValidationError,
     ValidationInfo,
@@ -32,11 +34,12 @@ from pydantic import (
     field_validator,
 )
 
+from spinn import cores
 from spinn.errors import SpinnError
 from spinn.paths import refuse_special_file
 
 DEFAULT_PARAMS = Path("params.yaml")
-AUTO = "auto"
+AUTO = cores.AUTO
 Device = Literal["auto", "cpu", "cuda"]
 """Where torch runs; auto: the GPU when there is one."""
 PARAMS_SECTIONS = frozenset({"download", "prepare", "vocab", "embeddings", "train", "evaluate"})
@@ -164,9 +167,9 @@ def env_default(variable: str) -> Callable[[], str | None]:
     return read
 
 
-def count_or_auto(unit: str) -> Any:
+def count_or_auto(unit: str, most: Callable[[int], int] | None = None) -> Any:
     """The type of a setting that is a count (at least 1) of `unit` or "auto" (decided where the run
-    knows its machine), with one clear message for anything else."""
+    knows its machine), with one clear message for anything else; `most` checks a count's upper bound."""
 
     def check(value: Any) -> int | str:
         if value == AUTO:
@@ -175,7 +178,7 @@ def count_or_auto(unit: str) -> Any:
             raise ValueError(f"must be a number of {unit} or {AUTO!r} (got {value!r})")
         if int(value) < 1:
             raise ValueError(f"must be at least 1 (got {value!r})")
-        return int(value)
+        return most(int(value)) if most is not None else int(value)
 
     return Annotated[
         int | Literal["auto"],
@@ -184,54 +187,20 @@ def count_or_auto(unit: str) -> Any:
     ]
 
 
-CGROUP_ROOT = Path("/sys/fs/cgroup")
-CGROUP_V2_MAX = "cpu.max"  # "<quota> <period>" in microseconds, or "max <period>": no quota
-CGROUP_V1_FOLDERS = ("cpu", "cpu,cpuacct", "cpuacct,cpu")  # where v1 mounts the cpu controller
-CGROUP_V1_QUOTA, CGROUP_V1_PERIOD = "cpu.cfs_quota_us", "cpu.cfs_period_us"  # quota -1: none
-NO_QUOTA = "max"
+def within_the_machine(threads: int) -> int:
+    """A thread count this machine can run: at most MOST_THREADS_PER_CORE per usable core (spinn/cores.py)."""
+    most = cores.most_threads()
+    if threads > most:
+        raise ValueError(
+            f"must be at most {most}: {cores.MOST_THREADS_PER_CORE} per core this process may use (got {threads})"
+        )
+    return threads
 
 
-def usable_cores(cgroup_root: Path = CGROUP_ROOT) -> int:
-    """The cores this process may really use: its affinity, capped by its cgroup's CPU quota.
-
-    A container on a big machine sees every core in os.cpu_count() (and often in its affinity too) while its
-    quota allows two; threads sized to the machine then wait on each other and the work runs several times
-    slower. Training, labelling, parsing and prepare size their threads and processes by this."""
-    allowed = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    quota = cgroup_quota_cores(cgroup_root)
-    return max(1, min(allowed, quota)) if quota is not None else max(1, allowed)
-
-
-def cgroup_quota_cores(cgroup_root: Path = CGROUP_ROOT) -> int | None:
-    """Cores the cgroup's CPU quota allows, rounded up (v2 cpu.max, else v1 cfs quota / period); None: no quota
-    or no cgroup files to read."""
-    v2 = _read(cgroup_root / CGROUP_V2_MAX)
-    if v2 is not None:
-        quota, _, period = v2.partition(" ")
-        return None if quota == NO_QUOTA else _cores(quota, period)
-    for folder in CGROUP_V1_FOLDERS:
-        quota, period = _read(cgroup_root / folder / CGROUP_V1_QUOTA), _read(cgroup_root / folder / CGROUP_V1_PERIOD)
-        if quota is not None and period is not None:
-            return _cores(quota, period)
-    return None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text(encoding="ascii").strip()
-    except (OSError, UnicodeDecodeError):
-        return None
-
-
-def _cores(quota: str, period: str) -> int | None:
-    """ceil(quota / period), at least 1; None for no quota (v1's -1) or text that is not two numbers."""
-    try:
-        quota_us, period_us = int(quota), int(period)
-    except ValueError:
-        return None
-    if quota_us <= 0 or period_us <= 0:
-        return None
-    return max(1, -(-quota_us // period_us))
+ThreadCount = count_or_auto("threads", most=within_the_machine)
+"""torch threads: a number, or auto, the rule of spinn/cores.py (the cores other work leaves free)."""
+ThreadNumber = Annotated[int, Field(ge=1), AfterValidator(within_the_machine)]
+"""torch threads as a number (at least 1, at most what the machine can run)."""
 
 
 def _is_number(annotation: Any) -> bool:

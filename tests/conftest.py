@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
+import spinn  # noqa: F401  (before any test loads torch: OpenMP's wait as every spinn process has it)
 from tests.httpserver import LocalServer
 
 _TOOL_HOME = Path(tempfile.mkdtemp(prefix="spinn-tests-"))
@@ -82,6 +83,16 @@ def server() -> Iterator[LocalServer]:
     """A file server on 127.0.0.1 that the test fills, cuts and inspects (tests/httpserver.py)."""
     with LocalServer() as running:
         yield running
+
+
+@pytest.fixture(scope="session", autouse=True)
+def torch_threads_by_the_rule() -> None:
+    """This test process's torch threads by the rule every spinn process follows (spinn/cores.py): its share of
+    the cores, which the xdist workers split, within the cores other work leaves free."""
+    from spinn import cores
+
+    workers = int(os.environ.get(XDIST_WORKERS, "1"))
+    cores.use_threads(cores.AUTO, sharing=workers, where="tests")
 
 
 @pytest.fixture(scope="module")
@@ -158,6 +169,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 XDIST_WORKER = "PYTEST_XDIST_WORKER"
 """Set by pytest-xdist in each worker (gw0, gw1, ...); absent in a plain pytest process."""
+XDIST_WORKERS = "PYTEST_XDIST_WORKER_COUNT"
+"""Set by pytest-xdist in each worker: how many workers share the cores."""
 
 
 def shared_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:

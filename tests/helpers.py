@@ -1,7 +1,8 @@
 """Builders that several test modules share (test modules import them from here, never from one another):
 the `spinn` executable and a tiny training command, the smoke corpus's pairs as plain rows, files of rows, the
 offline Stanza set, hand-written two-way corpus files (GLUE, HANS, SciTail), the one-error-line check, damaged
-label runs, the label flow's Prefect records, and the process checks of the kill tests."""
+label runs, the label flow's Prefect records, the process checks of the kill tests, and the thread rule's
+trace (spinn/cores.py) that the end-to-end tests read."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+
+from spinn import cores
 
 SPINN = Path(sys.executable).with_name("spinn")
 """The `spinn` executable of the environment running the tests."""
@@ -283,3 +286,33 @@ def hand_count(output: Path) -> float:
         (row["label"] == "entailment") == (SCHEME_PAIRS[row["row"] - 1][2] == "entailment") for row in predicted
     )
     return right / len(SCHEME_PAIRS)
+
+
+# ----------------------------------------------------------------------------- the thread rule's trace
+
+FREE_CORES_SEEN = 1.0
+"""The free-core reading the thread-rule checks stub: auto then runs one thread on any machine."""
+
+
+def thread_rule_env(trace: Path) -> dict[str, str]:
+    """The variables that make every spinn process write its thread decisions to `trace`, under a stubbed
+    free-core reading (spinn/cores.py)."""
+    return {cores.TRACE_VARIABLE: str(trace), cores.FREE_CORES_VARIABLE: str(FREE_CORES_SEEN)}
+
+
+def thread_decisions(trace: Path, where: str) -> list[dict]:
+    """The decisions the trace holds for `where` (a stage: train, evaluate, label, ...), in order."""
+    lines = trace.read_text(encoding="utf-8").splitlines() if trace.exists() else []
+    return [decision for decision in map(json.loads, lines) if decision["where"] == where]
+
+
+def assert_the_thread_rule_ran(decision: dict, *, in_child: bool = True) -> None:
+    """One traced decision is the rule's for an auto setting under the stubbed reading: the free cores rounded,
+    within the process's share, and OpenMP's wait as this test process has it (every child inherits it; a
+    child that loaded spinn before torch had it in place for torch's OpenMP runtime)."""
+    assert decision["asked"] == cores.AUTO, decision
+    assert decision["free"] == FREE_CORES_SEEN, decision
+    assert decision["threads"] == min(decision["share"], round(FREE_CORES_SEEN)) == 1, decision
+    assert decision["openmp"] == {name: os.environ.get(name) for name in cores.OPENMP_WAIT_VARIABLES}, decision
+    if in_child:
+        assert decision["pid"] != os.getpid() and decision["torch_loaded_first"] is False, decision

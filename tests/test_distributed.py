@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from spinn import cores
 from spinn.data.example import Example
 from spinn.model.checkpoint import load_checkpoint
 from spinn.training.distributed import Topology, make_share, share
 from tests.conftest import copy_store
+from tests.helpers import assert_the_thread_rule_ran, thread_decisions, thread_rule_env
 
 BIN = Path(sys.executable).parent
 SETTINGS = [
@@ -39,13 +41,15 @@ SETTINGS = [
     "checkpoint_every=5",
     "log_every=5",
     "device=cpu",
-    "threads=1",
     "experiment=distributed",
 ]
 """A tiny PI model, no dropout, no batch norm. The learning rate is RMSprop's 1e-3: at the paper's 7e-3
 this tiny model amplifies float32 rounding (the ranks' gradients agree with one process's to 4e-7, and to
 2e-15 in float64) to 8e-4 in 20 steps."""
 WEIGHT_TOLERANCE = 1e-4
+THREADS_TRACE = "threads.jsonl"
+RANK_PROGRAM = "__main__.py"
+"""What a torchrun rank runs (`python -m spinn.cli`), as its sys.argv[0] ends."""
 POISON = """
 import os, sys, importlib.abc
 if os.environ.get("RANK", "0") != "0":
@@ -100,7 +104,7 @@ def environment(root: Path) -> dict[str, str]:
     return {
         **os.environ,
         "MLFLOW_TRACKING_URI": f"sqlite:///{root / 'mlflow.db'}",
-        "OMP_NUM_THREADS": "1",  # torchrun's ranks run one thread each: so does the single process
+        **thread_rule_env(root / THREADS_TRACE),  # one free core: ranks and single processes run one thread
         "PYTHONPATH": os.pathsep.join([str(root / "poison"), os.environ.get("PYTHONPATH", "")]),
     }
 
@@ -147,6 +151,12 @@ def test_two_ranks_train_what_one_process_trains_in_one_run(project):
     assert (runs.loc[runs["params.world_size"] == "2", "params.backend"] == "gloo").all()
     versions = mlflow.MlflowClient().search_model_versions("name = 'spinn'")
     assert len(versions) == 1 and versions[0].run_id == runs.loc[runs["params.world_size"] == "2", "run_id"].item()
+    decisions = thread_decisions(project / THREADS_TRACE, "train")
+    ranks = [decision for decision in decisions if decision["argv"][0].endswith(RANK_PROGRAM)]
+    assert len({rank["pid"] for rank in ranks}) == 2 and len(decisions) >= 3  # two ranks and the single process
+    for decision in decisions:
+        assert_the_thread_rule_ran(decision)
+    assert {rank["omp_num_threads"] for rank in ranks} == {cores.share(2)}  # torchrun's ranks split the cores
 
 
 @pytest.mark.slow

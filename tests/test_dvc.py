@@ -37,7 +37,17 @@ from spinn.io import file_digest
 from spinn.model.checkpoint import load_checkpoint
 from tests.checkout import copy_checkout
 from tests.conftest import copy_store
-from tests.helpers import command_line, kill_if_running, run_statuses, running, spinn_processes, wait_for
+from tests.helpers import (
+    assert_the_thread_rule_ran,
+    command_line,
+    kill_if_running,
+    run_statuses,
+    running,
+    spinn_processes,
+    thread_decisions,
+    thread_rule_env,
+    wait_for,
+)
 from tests.httpserver import LocalServer
 
 pytestmark = pytest.mark.slow
@@ -57,7 +67,6 @@ TINY_TRAIN = {
     "log_every": 1,
     "checkpoint_every": 2,
     "device": "cpu",
-    "threads": 1,
     "experiment": "spinn-dvc-test",
     "registered_model": "spinn-dvc-test",
 }
@@ -72,6 +81,7 @@ GIT_IDENTITY = {
 }
 RUNNING_STAGE = "Running stage '"
 UP_TO_DATE = "Data and pipelines are up to date."
+THREADS_TRACE = "threads.jsonl"
 
 OUTPUTS = (
     "data/raw/snli_1.0.zip",
@@ -171,6 +181,7 @@ def command_env(workdir: Path, repo: Path, mirror_url: str, corpus: Path) -> dic
             "GIT_CONFIG_NOSYSTEM": "1",
             "SPINN_DOWNLOAD_URL": mirror_url,
             "SPINN_DOWNLOAD_CHECKSUM": f"sha256:{file_digest(corpus, 'sha256')}",
+            **thread_rule_env(workdir / THREADS_TRACE),  # one free core: the stages' auto threads run one
         }
     )
     env.pop("SPINN_DOWNLOAD_FILE", None)
@@ -228,6 +239,16 @@ def test_first_repro_builds_every_stage(project: Project):
     assert isinstance(test["accuracy"], float) and 0.0 <= test["accuracy"] <= 1.0
     assert test["examples"] == labelled_pairs(project.corpus, "test")
     assert read_json(repo / TRAIN_METRICS)["steps"] == TINY_TRAIN["max_steps"]
+
+
+def test_the_stages_that_run_the_model_decide_their_threads_by_the_rule(project: Project):
+    """params.yaml's `threads: auto` in train and evaluate reaches each stage's process, decided by spinn/cores.py
+    with OpenMP's wait set before torch loaded."""
+    for stage in ("train", "evaluate"):
+        decisions = thread_decisions(project.workdir / THREADS_TRACE, stage)
+        assert decisions and all(decision["argv"][1] == stage for decision in decisions)
+        for decision in decisions:
+            assert_the_thread_rule_ran(decision)
 
 
 def test_metrics_and_plots_read_what_the_stages_declare(project: Project):

@@ -28,7 +28,7 @@ from spinn.tracking.register import version_description
 from spinn.training.evaluate import report_path
 from tests.checkout import copy_checkout
 from tests.conftest import copy_store
-from tests.helpers import stanza_dir, write_rows
+from tests.helpers import assert_the_thread_rule_ran, stanza_dir, thread_decisions, thread_rule_env, write_rows
 
 pytestmark = pytest.mark.slow
 
@@ -328,6 +328,7 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_
         "PREFECT_API_URL": prefect_api,
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
         "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"],
+        **thread_rule_env(tmp_path / "threads.jsonl"),
     }
     cli(["prefect", "work-pool", "create", "spinn", "--type", "process"], checkout, env)
     cli(["prefect", "--no-prompt", "deploy", "--all"], checkout, env)
@@ -367,6 +368,8 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_
         finished = client.read_flow_run(flow_run.id)
     assert finished.state.is_completed(), finished.state.message
     assert json.loads(output.read_text())["accuracy"] == pytest.approx(first_run.result().test_metrics["accuracy"])
+    (decision,) = thread_decisions(tmp_path / "threads.jsonl", "evaluate")  # the flow run's evaluate task
+    assert_the_thread_rule_ran(decision)
 
 
 def readme_lines(heading: str, marker: str) -> list[str]:

@@ -258,3 +258,35 @@ def test_a_usage_mistake_is_one_error_line_for_every_command(command, mistake, e
     assert result.exit_code == EXIT_USAGE, (result.output, result.exception)
     assert len(lines) == 1 and lines[0].startswith("error: ") and expected in lines[0].lower(), result.stderr
     assert "--help" in lines[0] and not {"out", "raw", "data"} & {path.name for path in folder.iterdir()}
+
+
+THREAD_OPTIONS = [
+    (command, option)
+    for command, options in {
+        "train": ["--threads"],
+        "evaluate": ["--threads"],
+        "label": ["--threads", "--parser-threads"],
+        "trees": ["--threads"],
+        "bench": ["--threads"],
+        "bench-label": ["--threads", "--parser-threads"],
+        "parse": ["--parser-threads"],
+    }.items()
+    for option in options
+]
+"""Every command that runs torch, with each of its thread options (spinn/cores.py bounds them all)."""
+
+
+@pytest.mark.parametrize(("command", "option"), THREAD_OPTIONS)
+def test_more_threads_than_the_machine_can_run_are_one_error_line(command, option, tmp_path, monkeypatch):
+    """`--threads 100000` made libgomp print `Out of memory`; it is refused before any work, naming the option."""
+    from spinn import cores
+
+    monkeypatch.chdir(tmp_path)
+    folder = inputs(tmp_path)
+    arguments = [command, *INPUTS[command](folder), option, "100000"]
+    if command == "bench":
+        arguments += ["--corpus", str(folder / "dev.jsonl")]
+    result = CliRunner().invoke(main, arguments)
+    assert result.exit_code == EXIT_USER_ERROR, (result.output, result.exception)
+    expected = f"error: {option}: must be at most {cores.most_threads()}: {cores.MOST_THREADS_PER_CORE} per core"
+    assert result.stderr.strip().startswith(expected) and len(result.stderr.strip().splitlines()) == 1, result.stderr

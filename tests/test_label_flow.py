@@ -16,11 +16,21 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.label_pairs import DONE, FAILED, LabelRequest, read_index, write_index
+from spinn import cores
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import read_input_pairs
 from spinn.labeling import shard_plan
 from spinn.labeling.track import LABELING_EXPERIMENT
-from tests.helpers import file_runs, run_table, smoke_pairs, stanza_dir, write_rows
+from tests.helpers import (
+    assert_the_thread_rule_ran,
+    file_runs,
+    run_table,
+    smoke_pairs,
+    stanza_dir,
+    thread_decisions,
+    thread_rule_env,
+    write_rows,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -65,9 +75,11 @@ def request_for(smoke_model, smoke_store, tmp_path, prefect_api):
 
 
 @pytest.mark.stanza
-def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request_for, tmp_path):
+def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request_for, tmp_path, monkeypatch):
     from flows.label_pairs import label_pairs
 
+    for variable, value in thread_rule_env(tmp_path / "threads.jsonl").items():
+        monkeypatch.setenv(variable, value)  # the workers inherit it
     rows = smoke_pairs(smoke_model, 50)
     write_rows(tmp_path / "inbox" / "first.csv", rows[:45])
     write_rows(tmp_path / "inbox" / "second.jsonl", rows[45:])
@@ -83,6 +95,10 @@ def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request
     write_rows(tmp_path / "inbox" / "third.parquet", rows[:5])
     assert list(label_pairs(request)) == ["third.parquet"]
     assert label_pairs(request) == {}
+    decisions = thread_decisions(tmp_path / "threads.jsonl", "label")  # the workers' model threads, by the rule
+    assert decisions and all(decision["omp_num_threads"] == cores.share(2) for decision in decisions)
+    for decision in decisions:
+        assert_the_thread_rule_ran(decision)
 
 
 @pytest.mark.stanza

@@ -6,12 +6,18 @@ files and fill the same parse cache.
 
 from __future__ import annotations
 
+import dataclasses
+from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from flows.label_pairs import LabelRequest
 from spinn.parsing.settings import DEFAULT_CACHE_PATH
+
+CLUSTER = SimpleNamespace(scheduler_address="tcp://127.0.0.1:8786")
+"""What a local cluster gives the flow, for tests that only look at how it was started."""
 
 
 def test_the_flow_and_spinn_label_share_one_parse_cache(tmp_path, monkeypatch):
@@ -104,20 +110,26 @@ def test_files_side_by_side_are_bounded_by_the_workers_and_this_machines_cores(t
             threads(files_at_once=wrong)
 
 
-def test_the_local_clusters_workers_split_this_machines_cores_for_the_model(tmp_path, monkeypatch):
-    """auto threads on the local cluster: the usable cores divided among its workers, at least one each (two
-    workers with two threads each on two cores wait on each other); a number is kept; a given cluster's
-    workers decide auto on their own machine."""
-    from spinn.labeling import label_settings
+def test_the_local_clusters_workers_get_their_share_of_this_machines_cores(tmp_path, monkeypatch):
+    """auto threads stay auto for the workers, each deciding by the rule of spinn/cores.py within its share: on
+    the local cluster this machine's usable cores split among its workers, said in OMP_NUM_THREADS (Dask would
+    say 1), at least one each; a number is kept."""
+    import flows.label_pairs as label_flow
+    from spinn import cores
 
-    monkeypatch.setattr(label_settings, "usable_cores", lambda: 8)
+    monkeypatch.setattr(cores, "usable_cores", lambda: 8)
+    monkeypatch.setattr(cores, "_STARTED_WITH", dataclasses.replace(cores._STARTED_WITH, threads=None))
+    clusters = []
+    monkeypatch.setattr("distributed.LocalCluster", lambda **options: clusters.append(options) or nullcontext(CLUSTER))
 
-    def threads(**fields) -> int | str:
-        return LabelRequest(inbox=tmp_path, outbox=tmp_path, **fields).worker_settings().threads
+    def share(workers: int) -> str:
+        with label_flow.dask_cluster(LabelRequest(inbox=tmp_path, outbox=tmp_path, dask_workers=workers)):
+            return clusters[-1]["env"]["OMP_NUM_THREADS"]
 
-    assert [threads(dask_workers=workers) for workers in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
-    assert threads(dask_workers=2, settings={"threads": 3}) == 3
-    assert threads(dask_workers=2, dask_address="tcp://10.0.0.5:8786") == "auto"
+    assert [share(workers) for workers in (1, 2, 3, 8, 16)] == ["8", "4", "2", "1", "1"]
+    settings = LabelRequest(inbox=tmp_path, outbox=tmp_path, dask_workers=2).worker_settings()
+    assert settings.threads == "auto"
+    assert LabelRequest(inbox=tmp_path, outbox=tmp_path, settings={"threads": 3}).worker_settings().threads == 3
 
 
 def test_the_inbox_leaves_dot_files_and_files_still_being_written_for_a_later_run(tmp_path):

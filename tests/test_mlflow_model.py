@@ -38,6 +38,7 @@ from spinn.tracking.register import (
     MODEL_OUTPUTS,
     SELECTION_METRIC,
 )
+from tests.helpers import assert_the_thread_rule_ran, thread_decisions, thread_rule_env
 from tests.test_release_files import register_as_release_0_1_0
 
 RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
@@ -161,10 +162,13 @@ def test_mlflow_models_predict_writes_the_same_predictions(smoke_model, store, p
     pairs[["premise", "hypothesis"]].to_csv(source, index=False)
     command = [str(MLFLOW), "models", "predict", "-m", model_uri(smoke_model), "-i", str(source), "-t", "csv"]
     command += ["--env-manager", "local", "-o", str(output)]
-    finished = subprocess.run(command, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=child_env())
+    env = {**child_env(), **thread_rule_env(tmp_path / "threads.jsonl")}
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, env=env)
     assert finished.returncode == 0, finished.stderr[-3000:]
     served = pd.DataFrame(strict_json(output.read_text())["predictions"])
     assert_same_rows(served, labelled_by_spinn_label(pairs, model_uri(smoke_model), tmp_path), pairs)
+    (decision,) = thread_decisions(tmp_path / "threads.jsonl", "label")  # the pyfunc's model, by the rule
+    assert_the_thread_rule_ran(decision)
 
 
 def strict_json(text: str | bytes) -> dict:

@@ -71,25 +71,6 @@ def test_auto_resolves_to_the_models_own_trees_only_for_variants_that_predict_th
     assert resolve_parser("stanza", SPINNConfig(variant="spinn")) == "stanza"
 
 
-@pytest.mark.parametrize(
-    ("threads", "sharing", "cores", "expected"),
-    [
-        ("auto", 1, 2, 2),  # the model's own trees: nothing else works on the cores
-        ("auto", 3, 2, 1),  # two parser workers beside the model
-        ("auto", 2, 8, 4),  # a cluster's two workers split eight cores
-        ("auto", 1, 1, 1),  # an affinity or quota of one core
-        (3, 5, 2, 3),  # as given
-    ],
-)
-def test_model_threads_split_the_usable_cores_among_the_processes_sharing_them(
-    monkeypatch, threads, sharing, cores, expected
-):
-    from spinn.labeling import label_settings as settings
-
-    monkeypatch.setattr(settings, "usable_cores", lambda: cores)
-    assert settings.model_threads(threads, sharing) == expected
-
-
 def test_label_runs_on_the_cores_this_process_may_use(tmp_path):
     """Under an affinity of one CPU the auto thread count is one, whatever the machine's core count: a child
     process pinned to CPU 0 labels and reports the threads its model ran with."""

@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
 from spinn.children import exit_with_parent
+from spinn.cores import usable_cores
 from spinn.data.corpus import (
     ID_FIELD,
     LineFormat,
@@ -49,7 +50,7 @@ from spinn.data.text_lines import Overlong
 from spinn.errors import SpinnError
 from spinn.io import atomic_paths, publish, publishing, tidy_folder
 from spinn.paths import plain_file_name
-from spinn.settings import Settings, usable_cores
+from spinn.settings import Settings
 
 DEFAULT_MAX_REJECT_RATIO = 0.01
 PIPELINE_SPLITS = ("train", "dev", "test")

@@ -20,6 +20,7 @@ import numpy
 import torch
 from torch import Tensor
 
+from spinn.cores import recheck
 from spinn.data.example import Example
 from spinn.errors import SpinnError
 from spinn.inference.step import InferStep
@@ -86,6 +87,7 @@ def predict(
         encoded = []
         for indices, pairs in zip(batches, done, strict=True):
             encoded.append(_encode(step, sentences, indices, device))
+            recheck()  # auto threads follow the cores other work leaves free
             if on_batch is not None and pairs:
                 on_batch(pairs)
         order = [index for batch in encoded for index in batch.indices]  # (S,) the sentences in encoding order

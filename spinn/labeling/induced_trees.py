@@ -21,6 +21,7 @@ from typing import ClassVar, NamedTuple
 
 from pydantic import Field
 
+from spinn.cores import torch_threads
 from spinn.data.example import Example
 from spinn.data.limits import TEXT_MAX_TOKENS, UTF8_MAX_BYTES, MaxTokens, max_chars
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
@@ -30,7 +31,7 @@ from spinn.inference.predict import predict
 from spinn.io import atomic_path, publishing
 from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
-from spinn.settings import Device, Settings
+from spinn.settings import AUTO, Device, Settings, ThreadCount
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import format_transitions, parse_binary
 from spinn.trees.treeview import render_trees
@@ -63,6 +64,9 @@ class TreesSettings(Settings):
     """How many trees the HTML page draws."""
     device: Device = "auto"
     """Where the model runs; auto: the GPU when there is one."""
+    threads: ThreadCount = AUTO
+    """torch threads on CPU; auto: the cores other work leaves free, within the cores this process may use,
+    followed as they change (spinn/cores.py). The trees do not depend on it."""
     max_tokens: MaxTokens = TEXT_MAX_TOKENS
     """A sentence (a .txt line, a pairs file's sentence) longer than this many tokens allows in characters is
     skipped before the tokenizer sees it (spinn/data/limits.py)."""
@@ -95,7 +99,8 @@ def induce_trees(
         sentences = (
             _lines(input_path, settings.max_tokens) if pairs is None else [side for pair in pairs for side in pair[1:]]
         )
-        trees = _distinct_trees(loaded, sentences, settings.batch_size)
+        with torch_threads(settings.threads, where="trees"):
+            trees = _distinct_trees(loaded, sentences, settings.batch_size)
         text = _tree_lines(sentences, trees) if pairs is None else _pair_lines(pairs, trees)
         with atomic_path(output) as temporary:
             temporary.write_text(text, encoding="utf-8")

@@ -15,7 +15,7 @@ from pydantic import Field
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import Columns, Format
 from spinn.parsing.settings import ParserSettings
-from spinn.settings import AUTO, Device, Settings, count_or_auto, usable_cores
+from spinn.settings import AUTO, Device, Settings, ThreadCount
 
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_BATCH_SIZE = 256
@@ -71,10 +71,10 @@ class LabelSettings(Settings):
     int8: bool = False
     """int8 dynamic quantization of the composition (CPU only; the tracker and the classifier stay fp32):
     less arithmetic, and labels that agree with fp32 on most pairs, not all (99.5% of SNLI test measured)."""
-    threads: count_or_auto("threads") = AUTO
-    """torch threads for the model on CPU; auto: the cores this process may use (affinity and cgroup quota),
-    or one while parser worker processes share those cores (threads that wait on each other on busy cores
-    cost several times the work). The labels do not depend on it."""
+    threads: ThreadCount = AUTO
+    """torch threads for the model on CPU; auto: the cores other work leaves free, within this process's share of
+    the cores it may use (split with parser worker processes), followed as they change (spinn/cores.py). The
+    labels do not depend on it."""
     max_rejected: float = Field(1.0, ge=0.0, le=1.0)
     """The share of rows that may be rejected before the run fails (its output still written, the reasons in
     its rejects file); 1.0: only a run that labels no row fails. The label-pairs flow's default is 0.1."""
@@ -84,12 +84,3 @@ class LabelSettings(Settings):
     """Input format (default: from the file name)."""
     parsing: ParserSettings = ParserSettings()
     """How Stanza runs."""
-
-
-def model_threads(threads: int | str, sharing_processes: int) -> int:
-    """The torch threads the model runs with: `threads` as given, or for auto the usable cores split among the
-    `sharing_processes` that work on them at the same time (parser workers, or a cluster's workers), at least
-    one each."""
-    if threads != AUTO:
-        return int(threads)
-    return max(1, usable_cores() // max(1, sharing_processes))

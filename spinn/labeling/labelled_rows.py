@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from spinn.cores import torch_threads
 from spinn.data.example import Example
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count
@@ -19,7 +20,6 @@ from spinn.inference.finite import check_probabilities
 from spinn.inference.predict import Predictions, predict
 from spinn.labeling.label_settings import PROBABILITY_COLUMNS
 from spinn.labeling.labeller import Labeller
-from spinn.parsing.cpu import torch_threads
 from spinn.parsing.parse import SENTENCES
 from spinn.parsing.protocol import Parsed, Unparsed
 from spinn.trees.transitions import format_transitions
@@ -79,7 +79,7 @@ def label_parsed_pairs(
     examples = [_example(pair, vocabulary) for pair in pairs]
     tokens, unknown = unknown_count(ids for e in examples for ids in (e.premise, e.hypothesis))
     start = time.perf_counter()
-    with torch_threads(labeller.threads):
+    with torch_threads(labeller.settings.threads, labeller.sharing, where="label"):
         found = predict(
             model,
             examples,

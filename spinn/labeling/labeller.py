@@ -24,10 +24,11 @@ from pathlib import Path
 
 import torch
 
+from spinn.cores import decide
 from spinn.errors import SpinnError
 from spinn.inference.step import InferStep
 from spinn.io import file_digest
-from spinn.labeling.label_settings import PARSER_AUTO, PARSER_MODEL, PARSER_STANZA, LabelSettings, model_threads
+from spinn.labeling.label_settings import PARSER_AUTO, PARSER_MODEL, PARSER_STANZA, LabelSettings
 from spinn.model.checkpoint import Checkpoint, load_checkpoint
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
@@ -125,8 +126,9 @@ class Labeller:
             else TokenOnly(settings.parsing.max_tokens)
         )
         # Parser worker processes parse the next shard while the model labels this one: they share the cores.
-        parsing_alongside = self.parser.workers if self.parser.workers > 1 else 0
-        self.threads = model_threads(settings.threads, 1 + parsing_alongside)
+        self.sharing = 1 + (self.parser.workers if self.parser.workers > 1 else 0)
+        # the model's torch threads as the run starts (auto follows the free cores as it runs: spinn/cores.py)
+        self.threads = decide(settings.threads, self.sharing).threads
 
     @property
     def model_name(self) -> str:

@@ -1,10 +1,8 @@
-"""How a parsing process spends its CPU: few torch threads, and a garbage collector that skips the models.
+"""How a parsing process spends its memory walks: a garbage collector that skips the models.
 
-Stanza's small LSTMs gain nothing from more torch threads, and when processes
-share cores, threads that wait on each other cost several times the work (on
-two shared cores, 400 SNLI sentences took 2.8 s with one thread and 19 s with
-two). A loaded Stanza is ~326,000 objects that the collector would walk at
-every collection parsing triggers.
+A loaded Stanza is ~326,000 objects that the collector would walk at every
+collection parsing triggers. (Its torch threads follow spinn/cores.py: Stanza's
+small LSTMs gain nothing from more than one.)
 """
 
 from __future__ import annotations
@@ -15,21 +13,6 @@ from contextlib import contextmanager
 
 _FROZEN_FOR_LIFE = False
 """True in a parser worker process: what it loaded stays frozen until it ends (freeze_for_life)."""
-
-
-@contextmanager
-def torch_threads(threads: int) -> Iterator[None]:
-    """Run the block with that many torch intra-op threads, and give the caller its own setting back."""
-    import torch
-
-    previous = torch.get_num_threads()
-    if previous != threads:
-        torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        if previous != threads:
-            torch.set_num_threads(previous)
 
 
 @contextmanager

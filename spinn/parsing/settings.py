@@ -7,9 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
+from spinn import cores
 from spinn.data.limits import TEXT_MAX_TOKENS, MaxTokens
 from spinn.errors import SpinnError
-from spinn.settings import AUTO, Device, Settings, count_or_auto, env_default, usable_cores
+from spinn.settings import AUTO, Device, Settings, ThreadNumber, count_or_auto, env_default
 
 DEFAULT_CACHE_PATH = Path("data/parse_cache/parses.sqlite")
 RESOURCES_FILE = "resources.json"  # what makes a folder a stanza_resources folder
@@ -51,7 +52,7 @@ class ParserSettings(Settings):
     workers: WorkerCount = Field(AUTO, json_schema_extra={"cli": "--workers"})
     """Parser processes: 1 parses in this process; more start that many worker processes (trees do not depend
     on it); auto: one per core this process may use when Stanza runs on the CPU, 1 on the GPU."""
-    threads: int = Field(1, ge=1, json_schema_extra={"cli": "--parser-threads"})
+    threads: ThreadNumber = Field(1, json_schema_extra={"cli": "--parser-threads"})
     """torch threads per parser process: Stanza's small models gain nothing from more, and lose much when
     processes share cores."""
     tokenizer: Tokenizer = Field(TOKENIZER_SPINN, json_schema_extra={"cli": "--tokenizer"})
@@ -101,7 +102,7 @@ def resolve_workers(workers: int | str, use_gpu: bool) -> int:
         return int(workers)
     if use_gpu:
         return 1
-    return usable_cores()
+    return cores.process_count(AUTO)
 
 
 def resolve_gpu(device: str) -> bool:

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spinn.cores import torch_threads
 from spinn.data.rejects import RejectReason
 from spinn.errors import SpinnError
 from spinn.io import file_digest
 from spinn.parsing.convert import OUTPUT_VERSION, outcome
-from spinn.parsing.cpu import gc_frozen, torch_threads
+from spinn.parsing.cpu import gc_frozen
 from spinn.parsing.protocol import Parsed, Unparsed
 from spinn.parsing.settings import RESOURCES_FILE, TOKENIZER_SPINN, TOKENIZER_STANZA, ParserSettings, tokenization
 from spinn.trees.tokenize import tokenize
@@ -60,7 +61,8 @@ class StanzaRunner:
     def loaded(self) -> Any:
         """The pipeline, loaded now if it was not."""
         if self.pipeline is None:
-            with torch_threads(self.settings.threads):  # no larger thread pool for forked workers to inherit
+            # the parser's threads while loading: no larger thread pool for forked workers to inherit
+            with torch_threads(self.settings.threads, where="parse"):
                 self.pipeline = build_pipeline(self.settings, self.models(), self.use_gpu)
         return self.pipeline
 
@@ -90,7 +92,7 @@ class StanzaRunner:
 
         pipeline = self.loaded()
         words = [stanza_text(text, self.settings) for text in texts]
-        with torch_threads(self.settings.threads), torch.inference_mode(), gc_frozen():
+        with torch_threads(self.settings.threads, where="parse"), torch.inference_mode(), gc_frozen():
             return pipeline.bulk_process(words)  # pretokenized: each text's tokens split on spaces
 
 

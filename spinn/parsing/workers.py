@@ -18,6 +18,7 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from spinn.children import exit_with_parent
+from spinn.cores import use_threads
 from spinn.parsing.cpu import freeze_for_life, gc_frozen
 from spinn.parsing.protocol import Parsed, Unparsed
 from spinn.parsing.settings import ParserSettings, resolve_gpu
@@ -67,11 +68,9 @@ def start_pool(settings: ParserSettings, pipeline: Any) -> ProcessPoolExecutor:
 def _adopt_worker(settings: ParserSettings, parent: int, pipeline: Any) -> None:
     """Make this process a worker: its own Stanza, with `pipeline` when it came loaded from the parent (fork),
     else loading Stanza now (spawn)."""
-    import torch
-
     global _WORKER
     exit_with_parent(parent)
-    torch.set_num_threads(settings.threads)
+    use_threads(settings.threads, where="parser worker")
     _WORKER = StanzaRunner(settings, resolve_gpu(settings.device), pipeline)
     _WORKER.loaded()
     freeze_for_life()

@@ -18,7 +18,7 @@ from pydantic import Field, field_validator, model_validator
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.memory import gib, usable_memory
 from spinn.model.config import PRESETS, VARIANTS, SPINNConfig
-from spinn.settings import AUTO, Conflict, Device, Layer, Settings, count_or_auto, deep_merge, params_layer
+from spinn.settings import AUTO, Conflict, Device, Layer, Settings, ThreadCount, count_or_auto, deep_merge, params_layer
 from spinn.training.step import Schedule
 
 # Bowman et al. 2016, appendix table of tuned hyperparameters (300D models): initial
@@ -136,8 +136,9 @@ class TrainConfig(Settings):
     """auto: the GPU when there is one."""
     amp: bool = True
     """bf16 autocast on GPU (cell state stays fp32)."""
-    threads: int | None = Field(None, ge=1)
-    """torch intra-op threads on CPU (none: the cores this process may use, affinity and cgroup quota)."""
+    threads: ThreadCount = AUTO
+    """torch intra-op threads on CPU; auto: the cores other work leaves free, within this process's share of the
+    cores it may use (a torchrun rank's: OMP_NUM_THREADS), followed as they change (spinn/cores.py)."""
     experiment: str = "spinn"
     """MLflow experiment."""
     registered_model: str = "spinn"
@@ -157,6 +158,8 @@ class TrainConfig(Settings):
         if not isinstance(data, dict):
             return data
         data = _migrate_flat_embeddings(dict(data))
+        if "threads" in data and data["threads"] is None:  # before auto, none said it
+            data["threads"] = AUTO
         model = data.get("model", {})
         if isinstance(model, SPINNConfig):
             model = model.model_dump()
@@ -181,8 +184,9 @@ class TrainConfig(Settings):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> TrainConfig:
-        """A checkpoint's stored config."""
-        return cls.build(data, where="train config")
+        """A checkpoint's stored config; its threads said where it ran (RUN_PLACE), so they are not checked
+        against this machine's cores."""
+        return cls.build({key: value for key, value in data.items() if key != "threads"}, where="train config")
 
     def resolved(self, device: str, train_pairs: int) -> TrainConfig:
         """The config with its autos decided: `batch_size` for the device the run uses ("cuda" or "cpu"),

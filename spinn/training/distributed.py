@@ -27,6 +27,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from spinn.cores import child_environment
 from spinn.data.example import Example
 from spinn.errors import SpinnError
 from spinn.model.batch import WIDTH_STEP, Batch, make_batch
@@ -175,7 +176,7 @@ def launch(processes: int, arguments: Sequence[str]) -> None:
         "train",
         *arguments,
     ]
-    environment = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    environment = {**os.environ, **child_environment(processes)}  # each rank's share of the cores
     finished = subprocess.run(command, env=environment, check=False)
     if finished.returncode != 0:
         raise SpinnError(f"distributed training on {processes} processes failed (torchrun exit {finished.returncode})")

@@ -29,6 +29,7 @@ import torch
 from pydantic import AfterValidator, Field
 from tqdm import tqdm
 
+from spinn.cores import torch_threads
 from spinn.data.example import Example
 from spinn.data.label_schemes import THREE_WAY, checked_scheme
 from spinn.data.pairs import encode_pairs, read_raw_pairs
@@ -42,7 +43,7 @@ from spinn.model.checkpoint import Checkpoint, check_vocabulary
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
 from spinn.model.spinn import SPINN
-from spinn.settings import Device, Settings
+from spinn.settings import AUTO, Device, Settings, ThreadCount
 from spinn.training.calibration import RELIABILITY_DIR, Calibration, reliability_files, write_reliability
 from spinn.training.metrics import Metrics, plot_confusion, score
 from spinn.training.progress import ProgressClock
@@ -176,6 +177,9 @@ class EvaluateSettings(Settings):
     """Pairs per batch (the scores do not depend on it)."""
     device: Device = "auto"
     """auto: the GPU when there is one."""
+    threads: ThreadCount = AUTO
+    """torch threads on CPU; auto: the cores other work leaves free, within the cores this process may use,
+    followed as they change (spinn/cores.py). The scores do not depend on it."""
     track: bool = True
     """Log <split>_accuracy and <split>_macro_f1 to the MLflow run that trained the model (a model whose
     run is not in this store is scored all the same)."""
@@ -218,16 +222,17 @@ def evaluate(
             check_vocabulary(loaded.saved, Vocabulary.load(vocab).tokens, loaded.checkpoint, str(vocab))
         source = transition_source(settings.transitions, loaded.model.config)
         split = read_gold_split(data, loaded.vocabulary, settings.label_scheme)
-        found, bracket_f1 = run_examples(
-            loaded.model,
-            split.examples,
-            next(loaded.model.parameters()).device,
-            source=source,
-            batch_size=settings.batch_size,
-            progress=progress,
-            report_every_s=report_every_s,
-            temperature=loaded.saved.softmax_temperature,
-        )
+        with torch_threads(settings.threads, where="evaluate"):
+            found, bracket_f1 = run_examples(
+                loaded.model,
+                split.examples,
+                next(loaded.model.parameters()).device,
+                source=source,
+                batch_size=settings.batch_size,
+                progress=progress,
+                report_every_s=report_every_s,
+                temperature=loaded.saved.softmax_temperature,
+            )
         tokens, unknown = unknown_count(ids for pair in split.examples for ids in (pair.premise, pair.hypothesis))
         judged = Judged.of(split, found)
         metrics = judged.metrics(found.transition_accuracy, bracket_f1, unknown / tokens if tokens else None)

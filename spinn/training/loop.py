@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
+from spinn.cores import recheck
 from spinn.model.batch import bucket_batches
 from spinn.model.checkpoint import load_checkpoint, rng_states, save_checkpoint
 from spinn.model.config import SPINNConfig, TransitionSource
@@ -73,6 +74,7 @@ def _epochs(
         for batch in prefetch(run.train, order[state.batch_in_epoch :], run.device, run.topology):
             lines.pairs += len(order[state.batch_in_epoch])  # the global batch, of which each rank trains a share
             run.step(batch, state.step)
+            recheck()  # auto threads follow the cores other work leaves free
             state.step += 1
             state.batch_in_epoch += 1
             bar.update()

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
 
+from spinn.cores import torch_threads
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
 from spinn.data.split_files import with_partner
 from spinn.errors import SpinnError
 from spinn.io import FolderLock, check_outputs, lock_output_folder
-from spinn.settings import usable_cores
 from spinn.training import distributed
 from spinn.training.build import TrainingRun, build_run
 from spinn.training.checkpoints import resume_run
@@ -98,27 +97,26 @@ def train(
         return train_distributed(
             train_path, dev_path, config, output_dir, resume=resume, overwrite=overwrite, **arguments
         )
-    # none: the cores this process may use (a cgroup quota included), not torch's count of the machine's cores
-    torch.set_num_threads(config.threads or usable_cores())
     paths = (Path(train_path), Path(dev_path), config, output_dir, vocab_path, Path(embeddings_dir))
-    try:
-        if not topology.is_main:
-            run = build_run(*paths, progress=False)
-            return _follow(run, _starting_state(run, resume, overwrite=False, progress=False), tracking)
-        with lock_output_folder(output_dir) as lock:
-            check_folder(output_dir, resume or overwrite, tracking)
-            run = build_run(*paths, progress=progress)
-            run.report_every_s = report_every_s
-            state = _starting_state(run, resume, overwrite, progress)
-            if state.run_id is not None:
-                check_run_of_folder(state.run_id, output_dir, tracking)
-            close_abandoned_run(lock, state.run_id, tracking)
-            result = _tracked(run, state, lock, tracking, run_name, register, progress)
-            write_result(result, output_dir)
-        distributed.barrier()  # the other ranks wait in _follow until the model is published
-        return result
-    finally:
-        distributed.teardown()
+    with torch_threads(config.threads, where="train"):  # a rank's share: torchrun's OMP_NUM_THREADS
+        try:
+            if not topology.is_main:
+                run = build_run(*paths, progress=False)
+                return _follow(run, _starting_state(run, resume, overwrite=False, progress=False), tracking)
+            with lock_output_folder(output_dir) as lock:
+                check_folder(output_dir, resume or overwrite, tracking)
+                run = build_run(*paths, progress=progress)
+                run.report_every_s = report_every_s
+                state = _starting_state(run, resume, overwrite, progress)
+                if state.run_id is not None:
+                    check_run_of_folder(state.run_id, output_dir, tracking)
+                close_abandoned_run(lock, state.run_id, tracking)
+                result = _tracked(run, state, lock, tracking, run_name, register, progress)
+                write_result(result, output_dir)
+            distributed.barrier()  # the other ranks wait in _follow until the model is published
+            return result
+        finally:
+            distributed.teardown()
 
 
 def _tracked(
