@@ -42,6 +42,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
+from spinn.bench.reference import ReferenceSPINN
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
@@ -49,7 +50,6 @@ from spinn.inference.step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
 from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
-from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.settings import Conflict, Settings, usable_cores
