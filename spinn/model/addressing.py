@@ -40,6 +40,9 @@ SLOT_NAMES = ("buffer", "second", "top")
 """The read slots in order, by the names the tracker gives those inputs (spinn/model/cells.py)."""
 CHILD_READS = (SECOND_SLOT, TOP_SLOT)
 """A REDUCE's left and right child, in the composition's order: the stack second and the stack top."""
+PLANES = 2
+H_PLANE, C_PLANE = range(PLANES)
+"""A node is its h and its c: the fused loops keep them as two planes of the memory, (2, R, D)."""
 
 
 @dataclass(frozen=True)

@@ -157,18 +157,20 @@ class GatedCell(nn.Module):
 
     def local_derivatives(self, tape: GateTape, c_children: Tensor) -> LocalDerivatives:
         """The step's derivatives over all T steps at once, from the tape the forward loop wrote and the
-        children's c it read, (T, N, k, D)."""
-        views = self.gate_views(tape.pre, tape.sig)  # (T, N, ...) each
-        d_sig = tape.sig * (1 - tape.sig)  # (T, N, G)
-        d_views = self.gate_views(tape.pre, d_sig)
-        tanh_candidate, tanh_c = tape.tanh_candidate, tape.tanh_c  # (T, N, D) each
-        to_candidate = views.input * (1 - tanh_candidate * tanh_candidate)  # (T, N, D)
-        to_input = tanh_candidate * d_views.input  # (T, N, D)
-        to_forgets = c_children * d_views.forgets  # (T, N, k, D)
-        c_from_gates = torch.cat([torch.stack([to_candidate, to_input], 2), to_forgets], 2)  # (T, N, k + 2, D)
-        h_from_output = (tanh_c * d_views.output).unsqueeze(2)  # (T, N, 1, D)
-        h_from_c = (views.output * (1 - tanh_c * tanh_c)).unsqueeze(2)  # (T, N, 1, D)
-        return LocalDerivatives(c_from_gates, h_from_output, h_from_c, views.forgets)
+        children's c it read, (T, N, k, D): a few kernels, each writing its result once."""
+        d, k = self.width, self.n_children
+        steps, n = tape.sig.shape[:2]
+        sig = tape.sig.unflatten(-1, (k + GATES_BESIDE_FORGETS, d))[:, :, 1:]  # (T, N, k + 2, D) input, forgets, output
+        d_sig = torch.addcmul(sig, sig, sig, value=-1)  # σ' = σ - σ²
+        (input_, _, output), (d_input, d_forgets, d_output) = (x.split([1, k, 1], 2) for x in (sig, d_sig))
+        tanh_candidate, tanh_c = tape.tanh_candidate.unsqueeze(2), tape.tanh_c.unsqueeze(2)  # (T, N, 1, D) each
+        c_from_gates = tape.sig.new_empty(steps, n, k + 2, d)  # [candidate, input, forgets]
+        to_candidate, to_input, to_forgets = c_from_gates.split([1, 1, k], 2)
+        torch.addcmul(input_, input_, tanh_candidate.square(), value=-1, out=to_candidate)  # σ(i)(1 - tanh²(a))
+        torch.mul(tanh_candidate, d_input, out=to_input)
+        torch.mul(c_children, d_forgets, out=to_forgets)
+        h_from_c = torch.addcmul(output, output, tanh_c.square(), value=-1)  # σ(o)(1 - tanh²(c))
+        return LocalDerivatives(c_from_gates, tanh_c * d_output, h_from_c, sig[:, :, 1 : 1 + k])
 
     # ------------------------------------------------------------------ the fused loops' buffers
 

@@ -9,20 +9,24 @@ of large kernels and nothing reads a value back to the host. The readable
 encoder it must equal, step for step, is spinn/model/spec.py.
 
 The loops own the addressing and the cells (spinn/model/cells.py) the
-arithmetic. Forward, per step: one gather of the rows every sentence reads
-(buffer top, stack second, stack top, as [h | c]); the tracker's GEMMs over
-the gathered rows and its own h, then its step; the composition's GEMMs over
-the children's rows and the tracker's h, then its step, written straight into
-the step's node rows. Every sentence computes every step, so all shapes are
-fixed by (N, L, T) and the step can be captured in a CUDA graph; a node that
-was not a REDUCE is never read, and gets no gradient.
+arithmetic. The memory is two planes, h and c, with a row per node in each:
+(2, R, D). Forward, per step: one gather of the rows every sentence reads
+(buffer top, stack second, stack top) from both planes into (2, 3N, D); the
+tracker's GEMMs over the gathered h plane, (N, 3D) as it lies, and its own h,
+then its step; the composition's GEMMs over the children's h, the same plane's
+last (N, 2D) columns, and the tracker's h, then its step over the children's c
+(the c plane), written straight into the step's node rows of both planes. Each
+GEMM multiplies exactly the h it reads: no zero weight columns for c. Every
+sentence computes every step, so all shapes are fixed by (N, L, T) and the
+step can be captured in a CUDA graph; a node that was not a REDUCE is never
+read, and gets no gradient.
 
 Addresses come from the run's StepPlan (gold transitions, worked out on the
 host) or, when the model chooses its own transitions, from DeviceStacks, one
 step at a time on the device (spinn/model/addressing.py).
 
 Shapes: N sentences, L words, T steps, R memory rows, D hidden, Dt tracker,
-K = 3 read slots; a memory row is [h | c] (2D).
+K = 3 read slots; the memory is (2, R, D): [h plane; c plane].
 """
 
 from __future__ import annotations
@@ -33,7 +37,17 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from spinn.model.addressing import CHILD_READS, READ_SLOTS, SLOT_NAMES, WORD_BASE, ZERO_ROW, DeviceStacks
+from spinn.model.addressing import (
+    C_PLANE,
+    CHILD_READS,
+    H_PLANE,
+    PLANES,
+    READ_SLOTS,
+    SLOT_NAMES,
+    WORD_BASE,
+    ZERO_ROW,
+    DeviceStacks,
+)
 from spinn.model.cells import Reduce, Tracker, per_step
 from spinn.model.encoder_run import EncoderOutput, Run
 from spinn.model.thin_stack_backward import backward
@@ -63,6 +77,7 @@ class _Encode(torch.autograd.Function):
         loop = _Loop(words, cells, run, keep_steps=any(ctx.needs_input_grad[:5]))
         outputs = loop.forward()  # roots, states, and with a chooser the actions taken and legal
         ctx.loop = loop
+        ctx.set_materialize_grads(False)  # states no loss reads (pi) bring None, not a zero tensor to add
         if cells[1] is None:
             ctx.mark_non_differentiable(outputs[1])
         return outputs
@@ -75,35 +90,23 @@ class _Encode(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class Weights:
-    """The cells' weight blocks for the rows as the loop gathers them, built once per encoding.
+    """The cells' weight blocks for the inputs as the loop gathers them, cut once per encoding."""
 
-    The gathered rows hold [h | c] of the three read slots, (N, 6D); the blocks
-    that read them get zero columns for the c halves, so each cell's input is a
-    single GEMM over the gathered rows as they lie, with no copies per step.
-    """
-
-    tracker_reads: Tensor | None  # (4Dt, 6D) over [buffer, second, top] rows
+    tracker_reads: Tensor | None  # (4Dt, 3D) over the [buffer, second, top] h
     tracker_recurrent: Tensor | None  # (4Dt, Dt)
-    reduce_children: Tensor  # (5D, 4D) over the [second, top] rows
+    reduce_children: Tensor  # (5D, 2D) over the [second, top] h
     reduce_tracking: Tensor | None  # (5D, Dt)
 
     @classmethod
-    def of(cls, reduce: Reduce, tracker: Tracker | None, d: int) -> Weights:
-        children = _with_zero_c(reduce.weight(*Reduce.CHILDREN), len(CHILD_READS), d)
+    def of(cls, reduce: Reduce, tracker: Tracker | None) -> Weights:
+        children = reduce.weight(*Reduce.CHILDREN)
         tracking = reduce.weight(Reduce.TRACKING) if reduce.d_tracker else None
         if tracker is None:
             return cls(None, None, children, tracking)
-        reads = _with_zero_c(tracker.weight(*SLOT_NAMES), READ_SLOTS, d)
-        return cls(reads, tracker.weight(Tracker.RECURRENT), children, tracking)
+        return cls(tracker.weight(*SLOT_NAMES), tracker.weight(Tracker.RECURRENT), children, tracking)
 
     def transposed(self) -> Weights:
         return Weights(*(None if weight is None else weight.t() for weight in self.__dict__.values()))
-
-
-def _with_zero_c(weight: Tensor, slots: int, d: int) -> Tensor:
-    """(G, slots*D) weights over h halves -> (G, slots*2D) over [h | c] rows, zeros on the c columns."""
-    blocks = weight.view(weight.shape[0], slots, d)
-    return torch.cat([blocks, torch.zeros_like(blocks)], 2).view(weight.shape[0], slots * 2 * d)
 
 
 class _Loop:
@@ -116,10 +119,10 @@ class _Loop:
         self.n, self.t_steps = layout.sentences, layout.steps
         self.d = words.shape[1] // 2
         self.dt = self.tracker.width if self.tracker is not None else 0
-        self.weights = Weights.of(self.reduce, self.tracker, self.d)
-        self.memory = words.new_empty(layout.rows, 2 * self.d)  # (R, 2D)
-        self.memory[ZERO_ROW].zero_()
-        self.memory[WORD_BASE : layout.node_base].copy_(words)
+        self.weights = Weights.of(self.reduce, self.tracker)
+        self.memory = words.new_empty(PLANES, layout.rows, self.d)  # (2, R, D)
+        self.memory[:, ZERO_ROW].zero_()
+        self.memory[:, WORD_BASE : layout.node_base].copy_(words.view(-1, PLANES, self.d).transpose(0, 1))
         self.roots: Tensor | None = None  # (N,) each sentence's root row, once the forward loop ran
         self._make_tape(words)
 
@@ -128,17 +131,18 @@ class _Loop:
     def _make_tape(self, like: Tensor) -> None:
         n, d, steps = self.n, self.d, self.t_steps
         depth = steps if self.keep else 1
-        self.gathered = like.new_empty(depth, n, READ_SLOTS * 2 * d)  # (T', N, 6D)
-        self.gathered_rows = per_step(self.gathered.view(depth, READ_SLOTS * n, 2 * d), steps)  # (3N, 2D) each
-        self.tracker_in = per_step(self.gathered, steps)  # (N, 6D) each
-        self.children_h = per_step(self.gathered[:, :, 2 * d :], steps)  # (N, 4D) strided: [second | top] rows
-        slots_c = self.gathered.view(depth, n, READ_SLOTS, 2, d)[:, :, :, 1]  # (T', N, 3, D)
+        self.gathered = like.new_empty(PLANES, depth, READ_SLOTS * n, d)  # (2, T', 3N, D) the rows read
+        self.gathered_rows = per_step(self.gathered.transpose(0, 1), steps)  # (2, 3N, D) each
+        self.reads_h = self.gathered[H_PLANE].view(depth, n, READ_SLOTS * d)  # (T', N, 3D) [buffer | second | top]
+        self.tracker_in = per_step(self.reads_h, steps)  # (N, 3D) each
+        second = CHILD_READS[0] * d
+        self.children_h = per_step(self.reads_h[:, :, second : second + len(CHILD_READS) * d], steps)  # (N, 2D)
+        slots_c = self.gathered[C_PLANE].view(depth, n, READ_SLOTS, d)  # (T', N, 3, D)
         self.children_c = slots_c[:, :, CHILD_READS[0] : CHILD_READS[-1] + 1]  # (T', N, 2, D) [left, right]
         by_child = [per_step(child, steps) for child in self.children_c.unbind(2)]
         self.children_c_steps = list(zip(*by_child, strict=True))  # per step: ((N, D), (N, D))
-        nodes = self.memory[self.run.layout.node_base :].view(steps, n, 2, d)  # (T, N, 2, D)
-        node_h, node_c = nodes[:, :, 0].unbind(0), nodes[:, :, 1].unbind(0)
-        self.reduce_tape = self.reduce.tape(like, n, depth, node_h, node_c)
+        nodes = self.memory[:, self.run.layout.node_base :].view(PLANES, steps, n, d)  # (2, T, N, D)
+        self.reduce_tape = self.reduce.tape(like, n, depth, nodes[H_PLANE].unbind(0), nodes[C_PLANE].unbind(0))
         if self.tracker is not None:
             self.states = like.new_zeros(steps + 1, n, self.dt)  # (T+1, N, Dt): h before step 0, then after each
             self.cells = like.new_zeros(depth + 1 if self.keep else 1, n, self.dt)  # c likewise (one deep at inference)
@@ -154,13 +158,13 @@ class _Loop:
         weights = self.weights.transposed()
         reads = self._read_plan()
         for step in range(self.t_steps):
-            torch.index_select(self.memory, 0, reads(step), out=self.gathered_rows[step])
+            torch.index_select(self.memory, 1, reads(step), out=self.gathered_rows[step])
             if self.tracker is not None:
                 self._track(step, weights)
                 self._choose(step)
             self._compose(step, weights)
         self.roots = self.run.gold.plan.roots if self.run.gold is not None else self.stacks.roots()
-        h_roots = self.memory[:, : self.d].index_select(0, self.roots)  # (N, D)
+        h_roots = self.memory[H_PLANE].index_select(0, self.roots)  # (N, D)
         states = self.states[1:].clone() if self.tracker is not None else h_roots.new_empty(0)  # (T, N, Dt)
         if self.run.chooser is None:
             return h_roots, states
