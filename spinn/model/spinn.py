@@ -225,12 +225,12 @@ class SPINN(nn.Module):
         if self.encoder is None:
             return self._bag_of_words(words.view(n, width, -1), real_words, lengths, tokens, transitions)
         layout = Layout(n, width, plan.reads.shape[0] if gold else 2 * width - 1)
-        steps = self.encoder.run(layout, lengths, Gold(transitions, plan) if gold else None, uniforms)
-        run = self.encoder(words, steps, loop or self.config.loop)
+        run = self.encoder.run(layout, lengths, Gold(transitions, plan) if gold else None, uniforms)
+        output = self.encoder(words, run, loop or self.config.loop)
         logits = None
         if self.config.predicts_transitions:
-            logits = self.encoder.transition_logits(run.states, run.legal, run.real)
-        return Encoding(run.roots, logits, run.transitions)
+            logits = self.encoder.transition_logits(output.states, output.legal, output.real)
+        return Encoding(output.roots, logits, output.transitions)
 
     def _bag_of_words(
         self, words: Tensor, real: Tensor, lengths: Tensor, tokens: Tensor, transitions: Tensor | None

@@ -106,7 +106,8 @@ class Weights:
         return cls(tracker.weight(*SLOT_NAMES), tracker.weight(Tracker.RECURRENT), children, tracking)
 
     def transposed(self) -> Weights:
-        return Weights(*(None if weight is None else weight.t() for weight in self.__dict__.values()))
+        blocks = (self.tracker_reads, self.tracker_recurrent, self.reduce_children, self.reduce_tracking)
+        return Weights(*(None if weight is None else weight.t() for weight in blocks))
 
 
 class _Loop:
