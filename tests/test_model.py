@@ -1,4 +1,4 @@
-"""Tests for spinn.model (and spinn.model.reference): the batched encoder is exactly the tree recursion."""
+"""Tests for spinn.model (and spinn.bench.reference): the batched encoder is exactly the tree recursion."""
 
 from __future__ import annotations
 
@@ -8,13 +8,13 @@ import pytest
 import torch
 from torch.func import functional_call
 
+from spinn.bench.reference import ReferenceSPINN
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
 from spinn.model.addressing import gold_plan
 from spinn.model.batch import Batch, make_batch
-from spinn.model.config import PRESETS, TREE_VARIANTS, SPINNConfig, TransitionSource
-from spinn.model.reference import ReferenceSPINN
+from spinn.model.config import PRESETS, TREE_VARIANTS, EncoderLoop, SPINNConfig, TransitionSource
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss, transition_counts
 from spinn.trees.transitions import (
     PAD_TRANSITION,
@@ -273,13 +273,13 @@ def test_seed_article_reference_gives_the_same_outputs_and_gradients(snli, mixed
 
 
 def test_inference_path_equals_the_autograd_path():
-    """Without autograd the thin stack skips its autograd functions and, on the CPU, computes only the rows
-    that are read (thin_stack_infer): the numbers change only by float64 rounding of other GEMM shapes."""
+    """The CPU inference loop computes only the rows that are read (thin_stack_infer), without autograd:
+    the numbers change only by float64 rounding of other GEMM shapes."""
     examples, vocab_size = tiny_examples()
     model = build(SMALL, vocab_size, torch.float64)
     batch = make_batch(examples)
     with torch.inference_mode():
-        inferred = model(batch, source=GOLD)
+        inferred = model(batch, source=GOLD, loop=EncoderLoop.CPU_INFERENCE)
     tracked = model(batch, source=GOLD)
     assert tracked.logits.requires_grad
     assert torch.allclose(inferred.logits, tracked.logits.detach(), rtol=0, atol=1e-12)

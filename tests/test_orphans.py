@@ -25,7 +25,7 @@ from click.testing import CliRunner
 from spinn import children
 from spinn.cli import COMMANDS, main
 from tests.conftest import copy_store
-from tests.helpers import SPINN, kill_if_running, run_statuses, running, tiny_train_arguments, wait_for
+from tests.helpers import SPINN_COMMAND, kill_if_running, run_statuses, running, tiny_train_arguments, wait_for
 
 ORPHAN_END_S = 60
 """How long an orphaned stage may take to notice and stop: the parent poll, then a training step under load."""
@@ -96,7 +96,8 @@ def test_a_training_run_whose_parent_is_killed_stops_ends_its_mlflow_run_and_let
     uri = copy_store(migrated_store, tmp_path / "mlflow.db")
     output = tmp_path / "models"
     arguments = tiny_train_arguments(smoke_model.prepared, output, *ENDLESS, "checkpoint_every=2")
-    line = f"{shlex.join([str(SPINN), *arguments])} >{tmp_path / 'out.log'} 2>{tmp_path / 'err.log'} & echo $!; wait"
+    command = shlex.join([str(SPINN_COMMAND), *arguments])
+    line = f"{command} >{tmp_path / 'out.log'} 2>{tmp_path / 'err.log'} & echo $!; wait"
     environment = {**os.environ, "MLFLOW_TRACKING_URI": uri}
     parent = subprocess.Popen(["bash", "-c", line], cwd=tmp_path, env=environment, stdout=subprocess.PIPE, text=True)
     stage = int(parent.stdout.readline())
@@ -110,7 +111,7 @@ def test_a_training_run_whose_parent_is_killed_stops_ends_its_mlflow_run_and_let
     assert "Traceback" not in (tmp_path / "err.log").read_text()
     assert [status for status in run_statuses(uri) if status not in ENDED] == []
     again = subprocess.run(
-        [str(SPINN), *tiny_train_arguments(smoke_model.prepared, output, "max_steps=4"), "--overwrite"],
+        [str(SPINN_COMMAND), *tiny_train_arguments(smoke_model.prepared, output, "max_steps=4"), "--overwrite"],
         cwd=tmp_path,
         env=environment,
         capture_output=True,

@@ -1,10 +1,13 @@
 """The fused thin stack equals the readable spec encoder (spinn/model/spec.py) in float64.
 
-For every tree variant and every transition source it can run, on real SNLI dev
-pairs, in training mode: the same logits, transition logits and transitions,
-the same gradient of every parameter, and the same batch-norm statistics after
-the step. The spec is autograd over cells.py's forward(); the fused path has a
-hand-written backward, so this is what ties that backward to the algorithm.
+For every tree variant and every transition source it can run, in training mode,
+on real SNLI dev pairs and on a seeded synthetic batch (random lengths and trees,
+so the check never needs ../shared): the same logits, transition logits and
+transitions, the same gradient of every parameter, and the same batch-norm
+statistics after the step. The spec is autograd over the cells' steps; the fused
+path has a hand-written backward over the cells' local derivatives, so this is
+what ties that backward to the algorithm (tests/test_cells.py edits a cell and
+checks that every loop follows).
 """
 
 from __future__ import annotations
@@ -14,55 +17,45 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
-from spinn.model.batch import Batch, make_batch
+from spinn.model.batch import Batch
 from spinn.model.checkpoint import load_checkpoint
-from spinn.model.config import TREE_VARIANTS, SPINNConfig, TransitionSource
+from spinn.model.config import EncoderLoop, TransitionSource
 from spinn.model.loading import load_model
-from spinn.model.policy import draw_uniforms
-from spinn.model.spinn import SPINN, SPINNOutput, random_vectors, spinn_loss
+from spinn.model.spinn import SPINN, SPINNOutput, spinn_loss
+from tests.helpers import CASE_IDS, CASES, TOLERANCE, dev_batch, synthetic_batch, tiny_model, uniforms_for
 
-PAIRS = 24
-TOLERANCE = 1e-10
 RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
-TINY = {"d_embed": 8, "d_hidden": 6, "d_tracker": 5, "mlp_layers": 1, "mlp_dim": 10, "use_batch_norm": True}
-CASES = [(variant, source) for variant in TREE_VARIANTS for source in SPINNConfig(variant=variant, **TINY).sources]
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture(scope="module")
-def dev(snli_dev: Path) -> tuple[Batch, int]:
-    """A batch of real dev pairs of mixed lengths, and the size of their vocabulary."""
-    pairs = read_raw_pairs(snli_dev)[:PAIRS]
-    vocabulary = corpus_vocabulary(pairs)
-    return make_batch(encode_pairs(pairs, vocabulary)), len(vocabulary)
+@pytest.fixture(scope="module", params=["dev", "synthetic"])
+def batch(request) -> tuple[Batch, int]:
+    """Real dev pairs of mixed lengths (skipped without ../shared), and a seeded synthetic batch."""
+    if request.param == "dev":
+        return dev_batch(request.getfixturevalue("snli_dev"))
+    return synthetic_batch()
 
 
 def twins(variant: str, vocab_size: int) -> tuple[SPINN, SPINN]:
-    """A fused model and a spec model with the same float64 weights, in training mode."""
-    torch.manual_seed(0)
-    fused = SPINN(SPINNConfig(variant=variant, **TINY), random_vectors(vocab_size, TINY["d_embed"])).double()
-    spec = SPINN(fused.config.replace(encoder="spec"), random_vectors(vocab_size, TINY["d_embed"])).double()
+    """A fused model and a spec model (encoder: spec) with the same float64 weights, in training mode."""
+    fused = tiny_model(variant, vocab_size)
+    spec = tiny_model(variant, vocab_size, encoder="spec")
     spec.load_state_dict(fused.state_dict())
     return fused.train(), spec.train()
 
 
 def run(model: SPINN, batch: Batch, source: TransitionSource) -> SPINNOutput:
-    """One forward and backward; the loss of the training step (rl sampled: with REINFORCE)."""
-    uniforms = None
-    if source is TransitionSource.SAMPLED:
-        generator = torch.Generator().manual_seed(1)
-        uniforms = draw_uniforms(batch.tokens.shape[0], batch.transitions.shape[1], batch.tokens.device, generator)
-    output = model(batch, source=source, uniforms=uniforms)
+    """One forward and backward on the model's own loop; the loss of the training step (rl: with REINFORCE)."""
+    output = model(batch, source=source, uniforms=uniforms_for(batch, source))
     spinn_loss(output, batch, model.config).total.backward()
     return output
 
 
-@pytest.mark.parametrize(("variant", "source"), CASES, ids=[f"{v}-{s.value}" for v, s in CASES])
-def test_fused_encoder_equals_the_spec(dev, variant, source):
-    batch, vocab_size = dev
+@pytest.mark.parametrize(("variant", "source"), CASES, ids=CASE_IDS)
+def test_fused_encoder_equals_the_spec(batch, variant, source):
+    batch, vocab_size = batch
     fused, spec = twins(variant, vocab_size)
     expected, found = run(spec, batch, source), run(fused, batch, source)
     assert torch.equal(found.transitions, expected.transitions)
@@ -83,47 +76,32 @@ def test_fused_encoder_equals_the_spec(dev, variant, source):
         torch.testing.assert_close(mine, theirs, rtol=TOLERANCE, atol=TOLERANCE, msg=name)
 
 
-def mean_forget_tree_lstm(gates: torch.Tensor, c_children: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A different composition cell, same gate layout: one forget gate, the mean of f1 and f2, for both children."""
-    d = c_children.shape[1] // 2
-    a, i, f1, f2, o = gates.split(d, 1)  # (R, D) each
-    forget = torch.sigmoid((f1 + f2) / 2)  # (R, D)
-    c = torch.tanh(a) * torch.sigmoid(i) + forget * (c_children[:, :d] + c_children[:, d:])  # (R, D)
-    return torch.sigmoid(o) * torch.tanh(c), c
-
-
-def test_a_new_cell_runs_under_the_spec_with_no_other_change(dev):
-    """Only cells.py changes (here: Reduce.cell); the spec composes with it and autograd trains it."""
-    batch, vocab_size = dev
-    fused, spec = twins("pi", vocab_size)
-    spec.encoder.reduce.cell = mean_forget_tree_lstm
-    output = run(spec, batch, TransitionSource.GOLD)
-    assert not torch.allclose(output.logits, fused(batch, source=TransitionSource.GOLD).logits)
-    weight = spec.encoder.reduce.compose.weight.grad
-    assert torch.isfinite(weight).all() and weight.abs().sum() > 0
-
-
-def test_the_spec_runs_under_inference(dev):
-    """No autograd (evaluation, labelling): the spec gives the fused path's predictions too."""
-    batch, vocab_size = dev
-    fused, spec = (model.eval() for model in twins("spinn", vocab_size))
+def test_the_spec_runs_under_inference(batch):
+    """No autograd (evaluation, labelling): the spec gives the fused loop's and the CPU inference loop's
+    predictions too."""
+    batch, vocab_size = batch
+    model = tiny_model("spinn", vocab_size).eval()
     with torch.no_grad():
-        expected, found = (model(batch, source=TransitionSource.GREEDY) for model in (spec, fused))
-    assert torch.equal(found.transitions, expected.transitions)
-    torch.testing.assert_close(found.logits, expected.logits, rtol=TOLERANCE, atol=TOLERANCE)
+        expected, *found = (
+            model(batch, source=TransitionSource.GREEDY, loop=loop)
+            for loop in (EncoderLoop.SPEC, EncoderLoop.FUSED, EncoderLoop.CPU_INFERENCE)
+        )
+    for output in found:
+        assert torch.equal(output.transitions, expected.transitions)
+        torch.testing.assert_close(output.logits, expected.logits, rtol=TOLERANCE, atol=TOLERANCE)
 
 
 @pytest.mark.parametrize(("variant", "source"), [("pi", TransitionSource.GREEDY), ("spinn", TransitionSource.SAMPLED)])
-def test_a_source_the_variant_cannot_run_is_refused(dev, variant, source):
-    batch, vocab_size = dev
+def test_a_source_the_variant_cannot_run_is_refused(variant, source):
+    batch, vocab_size = synthetic_batch()
     model, _ = twins(variant, vocab_size)
     with pytest.raises(SpinnError, match=f"cannot run on {source.value} transitions"):
         model(batch, source=source)
 
 
-def test_draws_without_sampling_are_refused(dev):
+def test_draws_without_sampling_are_refused():
     """The fused chooser samples whenever it has draws: a greedy run must not be handed any."""
-    batch, vocab_size = dev
+    batch, vocab_size = synthetic_batch()
     model, _ = twins("rl", vocab_size)
     with pytest.raises(SpinnError, match="uniform draws are for sampled transitions"):
         model(batch, source=TransitionSource.GREEDY, uniforms=torch.rand(batch.transitions.shape))

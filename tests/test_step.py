@@ -15,12 +15,13 @@ import torch
 
 from spinn.bench import load_examples, take_batches
 from spinn.inference.step import InferStep
-from spinn.model.batch import WIDTH_STEP, make_batch
+from spinn.model.batch import WIDTH_STEP, Batch, make_batch
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.training.loader import prefetch
 from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer, set_rate
+from tests.helpers import synthetic_batch
 
 SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
 needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
@@ -84,14 +85,23 @@ def test_the_step_is_a_plain_rmsprop_step():
         assert torch.allclose(mine.float(), theirs.float(), atol=1e-6), name
 
 
-@needs_snli
+def real_or_synthetic(kind: str) -> tuple[Batch, int]:
+    """32 real dev pairs (skipped without ../shared), or a seeded synthetic batch of 16."""
+    if kind == "synthetic":
+        return synthetic_batch(pairs=16)
+    if not SNLI_DEV.exists():
+        pytest.skip(f"real SNLI dev split not found at {SNLI_DEV}")
+    examples, vocab_size = load_examples(SNLI_DEV, 32, 0, labelled=True)
+    return make_batch(examples), vocab_size
+
+
+@pytest.mark.parametrize("kind", ["dev", "synthetic"])
 @pytest.mark.parametrize("variant", ["spinn", "rl"])
-def test_training_and_inference_steps_run_the_spec_encoder_as_the_fused_one(variant):
+def test_training_and_inference_steps_run_the_spec_encoder_as_the_fused_one(variant, kind):
     """encoder: spec trains (rl: on sampled trees) and infers to the fused encoder's numbers. Compared: one
     step's gradients and statistics (RMSprop turns float32 noise in a gradient that batch norm makes ~0,
     the projection's bias, into a full-size update, so weights after the step are not comparable)."""
-    examples, vocab_size = load_examples(SNLI_DEV, 32, 0, labelled=True)
-    batch = make_batch(examples)
+    batch, vocab_size = real_or_synthetic(kind)
     steps = [trainer(variant, vocab_size, d=12, encoder=encoder) for encoder in ("fused", "spec")]
     for step in steps:
         torch.manual_seed(1)  # rl draws its trees' uniforms inside the step

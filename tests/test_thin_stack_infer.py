@@ -1,48 +1,51 @@
-"""Without gradients on the CPU the encoder computes only the rows that need it (spinn/model/thin_stack_infer.py):
+"""Without gradients on the CPU the encoder can compute only the rows that need it (spinn/model/thin_stack_infer.py):
 the tracker for the sentences still inside their own steps, the composition for the sentences that REDUCE.
 
-It must give the numbers of the full loop, which composes every row at every step: the same transitions,
+It must give the numbers of the fused loop, which composes every row at every step: the same transitions,
 and the same logits and transition logits (of the real steps) in float64, for every tree variant and every
-transition source it can run, on real SNLI dev pairs of mixed lengths.
+transition source it can run, on real SNLI dev pairs of mixed lengths and on a seeded synthetic batch.
 """
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 import pytest
 import torch
+from click.testing import CliRunner
 
+from spinn.cli import main
+from spinn.data.vocab import Vocabulary
 from spinn.errors import SpinnError
-from spinn.model import thin_stack_infer
+from spinn.inference.step import InferStep
 from spinn.model.batch import Batch
-from spinn.model.config import SPINNConfig, TransitionSource
-from spinn.model.policy import draw_uniforms
+from spinn.model.checkpoint import Checkpoint, save_checkpoint
+from spinn.model.config import EncoderLoop, SPINNConfig, TransitionSource
 from spinn.model.spinn import SPINN, SPINNOutput, random_vectors
-from tests.test_spec import CASES, TINY, TOLERANCE
-from tests.test_spec import dev as dev  # the same real dev batch, built the same way
+from tests.helpers import CASE_IDS, CASES, TINY, TOLERANCE, dev_batch, synthetic_batch, tiny_model, uniforms_for
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def run(model: SPINN, batch: Batch, source: TransitionSource, *, grad: bool) -> SPINNOutput:
-    """One forward in eval mode; with gradients enabled the full loop runs, without them the reduce-only one."""
-    uniforms = None
-    if source is TransitionSource.SAMPLED:
-        generator = torch.Generator().manual_seed(1)
-        uniforms = draw_uniforms(batch.tokens.shape[0], batch.transitions.shape[1], batch.tokens.device, generator)
-    with torch.set_grad_enabled(grad):
-        return model(batch, source=source, uniforms=uniforms)
+@pytest.fixture(scope="module", params=["dev", "synthetic"])
+def batch(request) -> tuple[Batch, int]:
+    if request.param == "dev":
+        return dev_batch(request.getfixturevalue("snli_dev"))
+    return synthetic_batch()
 
 
-@pytest.mark.parametrize(("variant", "source"), CASES, ids=[f"{v}-{s.value}" for v, s in CASES])
-def test_computing_only_the_rows_read_gives_the_numbers_of_computing_every_row(dev, variant, source):
-    batch, vocab_size = dev
-    torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant=variant, **TINY), random_vectors(vocab_size, TINY["d_embed"])).double().eval()
-    words = model.embedding.project.weight
-    assert not thin_stack_infer.applies(words)
+def run(model: SPINN, batch: Batch, source: TransitionSource, loop: EncoderLoop) -> SPINNOutput:
+    """One forward in eval mode without gradients, by the named loop."""
     with torch.no_grad():
-        assert thin_stack_infer.applies(words)
-    full, reduce_only = run(model, batch, source, grad=True), run(model, batch, source, grad=False)
+        return model(batch, source=source, uniforms=uniforms_for(batch, source), loop=loop)
+
+
+@pytest.mark.parametrize(("variant", "source"), CASES, ids=CASE_IDS)
+def test_computing_only_the_rows_read_gives_the_numbers_of_computing_every_row(batch, variant, source):
+    batch, vocab_size = batch
+    model = tiny_model(variant, vocab_size).eval()
+    full, reduce_only = (run(model, batch, source, loop) for loop in (EncoderLoop.FUSED, EncoderLoop.CPU_INFERENCE))
     assert torch.equal(reduce_only.transitions, full.transitions)
     torch.testing.assert_close(reduce_only.logits, full.logits, rtol=TOLERANCE, atol=TOLERANCE)
     torch.testing.assert_close(reduce_only.premise, full.premise, rtol=TOLERANCE, atol=TOLERANCE)
@@ -54,25 +57,56 @@ def test_computing_only_the_rows_read_gives_the_numbers_of_computing_every_row(d
         )
 
 
-def test_int8_labels_stay_close_to_fp32_and_the_trees_stay_the_tracker_s(dev):
+@pytest.mark.parametrize(
+    ("device", "amp", "loop"), [("cpu", False, EncoderLoop.CPU_INFERENCE), ("cpu", True, EncoderLoop.FUSED)]
+)
+def test_inference_names_its_loop_from_the_device_and_autocast(device, amp, loop):
+    """On a CPU without autocast inference computes only the rows read; under CPU autocast (no bf16 path
+    there) the fused loop, which keeps the cell state fp32, runs instead; a spec model runs its spec."""
+    batch, vocab_size = synthetic_batch()
+    model = tiny_model("spinn", vocab_size)
+    assert InferStep(model, TransitionSource.GREEDY, amp=amp).loop is loop
+    spec = tiny_model("spinn", vocab_size, encoder="spec")
+    assert InferStep(spec, TransitionSource.GREEDY, amp=amp).loop is EncoderLoop.SPEC
+
+
+def test_int8_labels_stay_close_to_fp32_and_the_trees_stay_the_tracker_s(batch):
     """--int8 quantizes the composition's GEMMs: the logits move a little, never far, and the tracker (fp32)
     builds the same trees as long as the compositions it reads barely move."""
-    batch, vocab_size = dev
+    batch, vocab_size = batch
     torch.manual_seed(0)
     config = SPINNConfig(variant="spinn", d_embed=8, d_hidden=64, d_tracker=16, mlp_layers=1, mlp_dim=64)
     model = SPINN(config, random_vectors(vocab_size, config.d_embed)).eval()
-    with torch.no_grad():
-        fp32 = model(batch, source=TransitionSource.GREEDY)
-        model.quantize_int8()
-        int8 = model(batch, source=TransitionSource.GREEDY)
+    fp32 = run(model, batch, TransitionSource.GREEDY, EncoderLoop.CPU_INFERENCE)
+    model.quantize_int8()
+    int8 = run(model, batch, TransitionSource.GREEDY, EncoderLoop.CPU_INFERENCE)
     assert not torch.equal(int8.logits, fp32.logits)
     torch.testing.assert_close(int8.logits, fp32.logits, rtol=0.0, atol=0.05 * float(fp32.logits.abs().max()))
     assert (int8.transitions == fp32.transitions).float().mean() > 0.99
 
 
-def test_an_int8_model_refuses_training(dev):
-    batch, vocab_size = dev
+@pytest.mark.parametrize("loop", [EncoderLoop.FUSED, EncoderLoop.SPEC])
+def test_an_int8_model_runs_in_no_other_loop(loop):
+    batch, vocab_size = synthetic_batch()
     model = SPINN(SPINNConfig(variant="spinn", **TINY), random_vectors(vocab_size, TINY["d_embed"]))
     model.quantize_int8()
     with pytest.raises(SpinnError, match="int8 model runs only for inference on the CPU"):
-        model(batch, source=TransitionSource.GOLD)
+        model(batch, source=TransitionSource.GOLD, loop=loop)
+
+
+def test_int8_on_a_spec_model_is_refused_with_one_error_line(tmp_path: Path):
+    """A spec model's loop has no int8 GEMMs: `spinn label --int8` says so instead of labelling in fp32."""
+    words = ["<pad>", "<unk>", "a", "dog", "runs", "cat", "sleeps", "."]
+    config = SPINNConfig(variant="spinn", encoder="spec", **TINY)
+    model = SPINN(config, random_vectors(len(words), config.d_embed))
+    vocabulary = Vocabulary(tuple(words), (0,) * len(words), True, 1).to_json()
+    checkpoint = save_checkpoint(tmp_path / "model.pt", Checkpoint(model.state_dict(), config.to_dict(), vocabulary, 0))
+    source = tmp_path / "pairs.csv"
+    with source.open("w", newline="") as out:
+        csv.writer(out).writerows([["premise", "hypothesis"], ["A dog runs.", "A cat sleeps."]])
+    arguments = ["label", str(source), "--model", str(checkpoint), "--output", str(tmp_path / "out.parquet")]
+    result = CliRunner().invoke(main, [*arguments, "--parser", "model", "--device", "cpu", "--no-progress", "--int8"])
+    assert result.exit_code == 1, result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: int8 runs in the fused encoder's CPU inference loop; this model's encoder is spec"]
+    assert not (tmp_path / "out.parquet").exists()

@@ -14,7 +14,7 @@ from torch import Tensor
 from spinn.errors import SpinnError
 from spinn.inference.graphs import Graphs, autocast
 from spinn.model.batch import Batch
-from spinn.model.config import TransitionSource
+from spinn.model.config import EncoderLoop, SPINNConfig, TransitionSource
 from spinn.model.spinn import SPINN, Encoding, SPINNOutput
 
 
@@ -33,6 +33,7 @@ class InferStep:
             raise SpinnError("inference runs on gold or greedy transitions; sampled ones are for training rl")
         self.model, self.source, self.amp = model, source, amp
         self.device = next(model.parameters()).device
+        self.loop = inference_loop(model.config, self.device, amp)
         if int8:
             if self.device.type != "cpu":
                 raise SpinnError(f"int8 runs on the CPU only; this model is on {self.device.type}")
@@ -63,13 +64,23 @@ class InferStep:
 
     def _run(self, batch: Batch) -> SPINNOutput:
         with torch.no_grad(), autocast(self.device, self.amp, self.graphs is not None):
-            return self.model(batch, source=self.source)
+            return self.model(batch, source=self.source, loop=self.loop)
 
     def _encode(self, sentences: Batch) -> Encoding:
         with torch.no_grad(), autocast(self.device, self.amp, self.encoder_graphs is not None):
             return self.model.encode(
-                sentences.tokens, sentences.lengths, self.source, sentences.plan, sentences.transitions
+                sentences.tokens, sentences.lengths, self.source, sentences.plan, sentences.transitions, loop=self.loop
             )
+
+
+def inference_loop(config: SPINNConfig, device: torch.device, amp: bool) -> EncoderLoop:
+    """The encoder loop inference runs: a spec model its spec; on a CPU without autocast the loop that computes
+    only the rows read (no CUDA graph there needs fixed shapes, and it has no bf16 path); else the fused one."""
+    if config.loop is EncoderLoop.SPEC:
+        return EncoderLoop.SPEC
+    if device.type == "cpu" and not amp:
+        return EncoderLoop.CPU_INFERENCE
+    return EncoderLoop.FUSED
 
 
 def _copied(outputs: tuple) -> list:

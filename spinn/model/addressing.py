@@ -36,6 +36,13 @@ WORD_BASE = 1
 READ_SLOTS = 3
 """Rows each sentence reads per step: buffer top, stack second (left child), stack top (right child)."""
 BUFFER_SLOT, SECOND_SLOT, TOP_SLOT = range(READ_SLOTS)
+SLOT_NAMES = ("buffer", "second", "top")
+"""The read slots in order, by the names the tracker gives those inputs (spinn/model/cells.py)."""
+CHILD_READS = (SECOND_SLOT, TOP_SLOT)
+"""A REDUCE's left and right child, in the composition's order: the stack second and the stack top."""
+PLANES = 2
+H_PLANE, C_PLANE = range(PLANES)
+"""A node is its h and its c: the fused loops keep them as two planes of the memory, (2, R, D)."""
 
 
 @dataclass(frozen=True)

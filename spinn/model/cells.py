@@ -1,6 +1,26 @@
-"""The learned cells: TreeLSTM composition, the tracker LSTM, word embedding and the classifier MLP."""
+"""The learned cells: TreeLSTM composition, the tracker LSTM, word embedding and the classifier MLP.
+
+Composition and tracker are one kind of cell, a gated cell over named input blocks:
+
+    gates = b + W [x_1 | x_2 | ...]              the input blocks, named, are W's column blocks
+    c = tanh(a)σ(i) + Σ_k σ(f_k) c_k             a candidate, an input gate, a forget gate per child
+    h = σ(o) tanh(c)                             an output gate
+
+The TreeLSTM composition has two children (the left and right phrases' c); the tracker is an
+LSTM, a gated cell whose one child is its own previous c. Each cell owns its arithmetic, here
+and nowhere else: `step` (which writes into caller-given buffers when a loop hands it some),
+and `local_derivatives`, the elementwise derivatives the fused backward multiplies gradients by.
+The encoder loops (spec.py, thin_stack_forward.py / thin_stack_backward.py, thin_stack_infer.py)
+own the addressing: they gather the inputs, ask a cell for the weight blocks of the inputs they
+gathered by name, call the cell and scatter its outputs; none of them names a gate.
+
+Shapes: R rows, D the cell's width (h and c), G = (k + 3) D its gates for k children.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -8,70 +28,262 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from spinn.errors import SpinnError
-from spinn.model.addressing import BUFFER_SLOT, SECOND_SLOT, TOP_SLOT
 from spinn.model.config import N_ACTIONS, SPINNConfig
 
-REDUCE_GATES = 5  # a, i, f_left, f_right, o
-TRACKER_GATES = 4  # g, i, f, o
-CHILD_SLOTS = 2
-"""The composition's inputs: left child (stack second) and right child (stack top), then the tracker."""
-TRACKER_READ_ORDER = [BUFFER_SLOT, TOP_SLOT, SECOND_SLOT]
-"""The tracker weight's column blocks, as read slots: [buffer top, stack top, stack second]."""
+GATES_BESIDE_FORGETS = 3
+"""The candidate, the input gate and the output gate; each child adds a forget gate."""
 
 
-def tree_lstm(gates: Tensor, c_children: Tensor) -> tuple[Tensor, Tensor]:
-    """TreeLSTM update: c = tanh(a)σ(i) + σ(f1)c1 + σ(f2)c2, h = σ(o)tanh(c).
+class GateViews(NamedTuple):
+    """A gated cell's gates by role, views of the pre-activations (candidate) and of their sigmoid (the rest)."""
 
-    gates (R, 5D) in the order [a, i, f1, f2, o]; c_children (R, 2D) = [c_left | c_right].
-    Gates are cast to the cell state's dtype so bf16 matmuls keep an fp32 cell.
-    """
-    d = c_children.shape[1] // 2
-    a, ifo = gates.to(c_children.dtype).split([d, 4 * d], 1)  # (R, D), (R, 4D)
-    i, f, o = torch.sigmoid(ifo).split([d, 2 * d, d], 1)  # (R, D), (R, 2D), (R, D)
-    c = torch.tanh(a) * i + (f * c_children).view(-1, 2, d).sum(1)  # (R, D)
-    h = o * torch.tanh(c)  # (R, D)
-    return h, c
+    candidate: Tensor  # (..., D) pre-activation: tanh makes it the candidate
+    input: Tensor  # (..., D)
+    forgets: Tensor  # (..., k, D) one per child
+    output: Tensor  # (..., D)
 
 
-def lstm(gates: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-    """LSTM update; gates (A, 4Dt) in the order [g, i, f, o], c (A, Dt) kept in its own dtype."""
-    d = c.shape[1]
-    g, ifo = gates.to(c.dtype).split([d, 3 * d], 1)  # (A, Dt), (A, 3Dt)
-    i, f, o = torch.sigmoid(ifo).chunk(3, 1)  # (A, Dt) each
-    c = torch.tanh(g) * i + f * c  # (A, Dt)
-    h = o * torch.tanh(c)  # (A, Dt)
-    return h, c
+class StepOut(NamedTuple):
+    """Where one step of a gated cell writes: its record for the backward and its outputs (views cut once)."""
+
+    sig: Tensor | None  # (R, G) sigmoid of the pre-activations
+    views: GateViews | None
+    forgets: Sequence[Tensor] | None  # the forget gates one by one, (R, D) each
+    tanh_candidate: Tensor | None  # (R, D)
+    tanh_c: Tensor | None  # (R, D)
+    h: Tensor | None  # (R, D)
+    c: Tensor | None  # (R, D)
 
 
-class Reduce(nn.Module):
-    """Composition: lstm_in = W_l h_left + W_r h_right (+ W_t h_tracker), as ONE matmul over the
-    concatenated inputs (the three weights are column blocks of `compose.weight`)."""
+FRESH = StepOut(None, None, None, None, None, None, None)
+"""No buffers: a step that makes new tensors (under autograd, or where shapes vary)."""
+
+
+class LocalDerivatives(NamedTuple):
+    """The cell's derivatives at every step (T, N, ...), elementwise in the cell's width.
+
+    With dc = grad_c + grad_h * h_from_c (the gradient reaching c), the pre-activations' gradient
+    is [c_from_gates * dc | h_from_output * grad_h] in gate order, and the children's c get
+    dc * c_from_children."""
+
+    c_from_gates: Tensor  # (T, N, k + 2, D) d c / d [candidate, input, forgets]
+    h_from_output: Tensor  # (T, N, 1, D) d h / d output
+    h_from_c: Tensor  # (T, N, 1, D) d h / d c
+    c_from_children: Tensor  # (T, N, k, D) d c / d c_k
+
+
+class GatedCell(nn.Module):
+    """c = tanh(a)σ(i) + Σ_k σ(f_k) c_k, h = σ(o) tanh(c), over named input blocks (module docstring).
+
+    Subclasses name their inputs (in the weight's column order) and their linear layer; a
+    subclass that changes the arithmetic overrides `step` and `local_derivatives` together
+    (tests/test_cells.py checks the second against autograd of the first)."""
+
+    def __init__(self, inputs: Mapping[str, int], width: int, children: int):
+        super().__init__()
+        self.inputs = dict(inputs)  # name -> width, in the weight's column order
+        self.width, self.n_children = width, children
+
+    @property
+    def linear(self) -> nn.Linear:
+        raise NotImplementedError
+
+    @property
+    def gate_width(self) -> int:
+        return (self.n_children + GATES_BESIDE_FORGETS) * self.width
+
+    # ------------------------------------------------------------------ weights by name
+
+    def weight(self, *names: str) -> Tensor:
+        """(G, sum of widths): the weight's columns that read these inputs, in this order (a view where
+        they lie in that order)."""
+        columns = self._columns()
+        spans = [columns[name] for name in names]
+        weight = self.linear.weight
+        if all(first[1] == second[0] for first, second in zip(spans, spans[1:], strict=False)):
+            return weight[:, spans[0][0] : spans[-1][1]]
+        return torch.cat([weight[:, start:stop] for start, stop in spans], 1)
+
+    def weight_grad(self, groups: Sequence[tuple[Sequence[str], Tensor]]) -> Tensor:
+        """(G, in) the weight's gradient in its column order, from gradients of (names, (G, sum of widths))
+        blocks that together name every input once."""
+        blocks = {}
+        for names, grad in groups:
+            blocks.update(zip(names, grad.split([self.inputs[name] for name in names], 1), strict=True))
+        if blocks.keys() != self.inputs.keys():
+            raise SpinnError(f"gradients for inputs {sorted(blocks)}, the cell reads {list(self.inputs)}")
+        return torch.cat([blocks[name] for name in self.inputs], 1)
+
+    @property
+    def bias(self) -> Tensor:
+        return self.linear.bias
+
+    def _columns(self) -> dict[str, tuple[int, int]]:
+        spans, start = {}, 0
+        for name, width in self.inputs.items():
+            spans[name] = (start, start + width)
+            start += width
+        return spans
+
+    # ------------------------------------------------------------------ arithmetic
+
+    def forward(self, inputs: Mapping[str, Tensor], c_children: Sequence[Tensor]) -> tuple[Tensor, Tensor]:
+        """inputs: (R, width) per input name; c_children: the children's c, (R, D) each -> h, c (R, D).
+        Gates are cast to the cell state's dtype, so bf16 matmuls keep an fp32 cell."""
+        gates = self.linear(torch.cat([inputs[name] for name in self.inputs], 1))  # (R, G)
+        return self.step(gates.to(c_children[0].dtype), c_children)
+
+    def step(self, gates: Tensor, c_children: Sequence[Tensor], out: StepOut = FRESH) -> tuple[Tensor, Tensor]:
+        """The cell on pre-activations: gates (R, G), the children's c (R, D) each -> h, c (R, D).
+
+        `out`: buffers to write into (the fused loop's, so a step allocates nothing and can be
+        captured in a CUDA graph); FRESH makes new tensors, which autograd can differentiate."""
+        sig = torch.sigmoid(gates, out=out.sig)  # (R, G)
+        views = out.views or self.gate_views(gates, sig)
+        forgets = out.forgets or views.forgets.unbind(-2)  # (R, D) each
+        tanh_candidate = torch.tanh(views.candidate, out=out.tanh_candidate)  # (R, D)
+        c = torch.mul(forgets[0], c_children[0], out=out.c)  # (R, D)
+        for forget, child in zip(forgets[1:], c_children[1:], strict=True):
+            c.addcmul_(forget, child)
+        c.addcmul_(tanh_candidate, views.input)
+        tanh_c = torch.tanh(c, out=out.tanh_c)  # (R, D)
+        return torch.mul(views.output, tanh_c, out=out.h), c
+
+    def gate_views(self, gates: Tensor, sig: Tensor) -> GateViews:
+        """The gates by role, over any leading shape: gates and sig (..., G)."""
+        d, k = self.width, self.n_children
+        blocks = sig.unflatten(-1, (k + GATES_BESIDE_FORGETS, d))  # (..., k + 3, D)
+        return GateViews(gates[..., :d], blocks[..., 1, :], blocks[..., 2 : 2 + k, :], blocks[..., -1, :])
+
+    def local_derivatives(self, tape: GateTape, c_children: Tensor) -> LocalDerivatives:
+        """The step's derivatives over all T steps at once, from the tape the forward loop wrote and the
+        children's c it read, (T, N, k, D): a few kernels, each writing its result once."""
+        d, k = self.width, self.n_children
+        steps, n = tape.sig.shape[:2]
+        sig = tape.sig.unflatten(-1, (k + GATES_BESIDE_FORGETS, d))[:, :, 1:]  # (T, N, k + 2, D) input, forgets, output
+        d_sig = torch.addcmul(sig, sig, sig, value=-1)  # σ' = σ - σ²
+        (input_, _, output), (d_input, d_forgets, d_output) = (x.split([1, k, 1], 2) for x in (sig, d_sig))
+        tanh_candidate, tanh_c = tape.tanh_candidate.unsqueeze(2), tape.tanh_c.unsqueeze(2)  # (T, N, 1, D) each
+        c_from_gates = tape.sig.new_empty(steps, n, k + 2, d)  # [candidate, input, forgets]
+        to_candidate, to_input, to_forgets = c_from_gates.split([1, 1, k], 2)
+        torch.addcmul(input_, input_, tanh_candidate.square(), value=-1, out=to_candidate)  # σ(i)(1 - tanh²(a))
+        torch.mul(tanh_candidate, d_input, out=to_input)
+        torch.mul(c_children, d_forgets, out=to_forgets)
+        h_from_c = torch.addcmul(output, output, tanh_c.square(), value=-1)  # σ(o)(1 - tanh²(c))
+        return LocalDerivatives(c_from_gates, tanh_c * d_output, h_from_c, sig[:, :, 1 : 1 + k])
+
+    # ------------------------------------------------------------------ the fused loops' buffers
+
+    def tape(self, like: Tensor, sentences: int, depth: int, h: Sequence[Tensor], c: Sequence[Tensor]) -> GateTape:
+        """Buffers for the fused forward over len(h) steps, kept `depth` deep (T to be differentiated, else 1);
+        h, c: where each step's outputs go, (N, D) each."""
+        return GateTape(self, like, sentences, depth, h, c)
+
+    def backward_buffers(self, tape: GateTape, c_children: Tensor) -> GateBackward:
+        """What the fused backward needs of this cell for one encoding (c_children: (T, N, k, D))."""
+        return GateBackward(self.local_derivatives(tape, c_children), tape.pre)
+
+
+def per_step(tensor: Tensor, steps: int) -> list[Tensor]:
+    """Per-step views of a (T', ...) buffer: T' = steps gives one per step, T' = 1 the same view each step."""
+    return list(tensor.unbind(0)) if tensor.shape[0] == steps else [tensor[0]] * steps
+
+
+class GateTape:
+    """A gated cell's record of every step of one fused encoding, in (T', N, ...) buffers, each step's views
+    cut once (a view is an op too): the loop writes a step's pre-activations into `gates[t]` (N, G) and
+    calls `cell.step(gates[t], c_children, out[t])`."""
+
+    def __init__(self, cell: GatedCell, like: Tensor, n: int, depth: int, h: Sequence[Tensor], c: Sequence[Tensor]):
+        steps = len(h)
+        self.pre = like.new_empty(depth, n, cell.gate_width)  # (T', N, G)
+        self.sig = like.new_empty(depth, n, cell.gate_width)  # (T', N, G)
+        self.tanh_candidate = like.new_empty(depth, n, cell.width)  # (T', N, D)
+        self.tanh_c = like.new_empty(depth, n, cell.width)  # (T', N, D)
+        views = cell.gate_views(self.pre, self.sig)
+        sig, candidate, input_, forgets, output = (
+            per_step(tensor, steps) for tensor in (self.sig, views.candidate, views.input, views.forgets, views.output)
+        )
+        by_child = [per_step(tensor, steps) for tensor in views.forgets.unbind(2)]
+        tanh_candidate, tanh_c = per_step(self.tanh_candidate, steps), per_step(self.tanh_c, steps)
+        self.gates = per_step(self.pre, steps)
+        self.out = [
+            StepOut(
+                sig[t],
+                GateViews(candidate[t], input_[t], forgets[t], output[t]),
+                [child[t] for child in by_child],
+                tanh_candidate[t],
+                tanh_c[t],
+                h[t],
+                c[t],
+            )
+            for t in range(steps)
+        ]
+
+
+class GateBackward:
+    """The fused backward's view of a gated cell: its local derivatives per step, and the gradient of its
+    pre-activations at every step, (T, N, G), which the loop multiplies back into inputs and weights."""
+
+    def __init__(self, local: LocalDerivatives, like: Tensor):
+        steps, n, k_plus_2, d = local.c_from_gates.shape
+        self.c_from_gates, self.h_from_output, self.h_from_c, self.c_from_children = (
+            tensor.unbind(0) for tensor in local
+        )
+        self.grads = like.new_empty(steps, n, (k_plus_2 + 1) * d)  # (T, N, G)
+        blocks = self.grads.view(steps, n, k_plus_2 + 1, d)
+        self.to_c_part, self.output_part = blocks[:, :, :k_plus_2].unbind(0), blocks[:, :, k_plus_2:].unbind(0)
+        self.flat = self.grads.unbind(0)  # (N, G) each
+        self.dc = like.new_empty(n, 1, d)  # the gradient reaching c at the current step
+
+    def gates(self, step: int, grad_h: Tensor, grad_c: Tensor) -> Tensor:
+        """grad_h, grad_c (N, 1, D): the step's output gradients -> its pre-activations' gradient (N, G)."""
+        torch.addcmul(grad_c, grad_h, self.h_from_c[step], out=self.dc)
+        torch.mul(self.c_from_gates[step], self.dc, out=self.to_c_part[step])
+        torch.mul(self.h_from_output[step], grad_h, out=self.output_part[step])
+        return self.flat[step]
+
+    def children(self, step: int, out: Tensor) -> None:
+        """The children's c gradient (N, k, D) of the step `gates` last ran, written into out (which may be
+        the buffer grad_c was read from)."""
+        torch.mul(self.c_from_children[step], self.dc, out=out)
+
+
+class Reduce(GatedCell):
+    """Composition: the TreeLSTM over the left and right children (stack second and stack top), reading the
+    tracker's state too where there is one; the three input weights are column blocks of `compose`."""
+
+    CHILDREN = ("left", "right")
+    TRACKING = "tracking"
 
     def __init__(self, d_hidden: int, d_tracker: int):
-        super().__init__()
+        inputs = {name: d_hidden for name in self.CHILDREN} | ({self.TRACKING: d_tracker} if d_tracker else {})
+        super().__init__(inputs, d_hidden, len(self.CHILDREN))
         self.d_hidden, self.d_tracker = d_hidden, d_tracker
-        self.compose = nn.Linear(2 * d_hidden + d_tracker, REDUCE_GATES * d_hidden)
-        self.cell = tree_lstm
+        self.compose = nn.Linear(sum(inputs.values()), self.gate_width)
 
-    def forward(self, h_children: Tensor, c_children: Tensor, tracking: Tensor | None) -> tuple[Tensor, Tensor]:
-        """h_children, c_children (R, 2D) = [left | right]; tracking (R, Dt) or None."""
-        inputs = h_children if tracking is None else torch.cat([h_children, tracking], 1)  # (R, 2D + Dt)
-        return self.cell(self.compose(inputs), c_children)  # (R, D), (R, D)
+    @property
+    def linear(self) -> nn.Linear:
+        return self.compose
 
 
-class Tracker(nn.Module):
-    """LSTM over [buffer top, stack top, stack second] h-parts; optionally predicts the next transition."""
+class Tracker(GatedCell):
+    """LSTM over the buffer top, stack top and stack second (their h) and its own h; its one child is its
+    previous c. Optionally predicts the next transition."""
+
+    READS = ("buffer", "top", "second")
+    RECURRENT = "h"
 
     def __init__(self, d_hidden: int, d_tracker: int, predict: bool):
-        super().__init__()
+        inputs = {name: d_hidden for name in self.READS} | {self.RECURRENT: d_tracker}
+        super().__init__(inputs, d_tracker, 1)
         self.d_tracker = d_tracker
-        self.gates = nn.Linear(3 * d_hidden + d_tracker, TRACKER_GATES * d_tracker)  # input and recurrent, fused
+        self.gates = nn.Linear(sum(inputs.values()), self.gate_width)  # input and recurrent, fused
         self.transition = nn.Linear(d_tracker, N_ACTIONS) if predict else None
-        self.cell = lstm
 
-    def forward(self, reads: Tensor, h: Tensor, c: Tensor) -> tuple[Tensor, Tensor]:
-        """reads (A, 3D) = [buffer top | stack top | stack second]; h, c (A, Dt)."""
-        return self.cell(self.gates(torch.cat([reads, h], 1)), c)  # (A, Dt), (A, Dt)
+    @property
+    def linear(self) -> nn.Linear:
+        return self.gates
 
 
 class MaskedBatchNorm1d(nn.BatchNorm1d):
@@ -153,8 +365,8 @@ class WordEmbedding(nn.Module):
 
     def _folded(self) -> tuple[Tensor, Tensor]:
         """The projection with evaluation's batch norm folded in: (2D, E) weight and (2D,) bias. Batch norm on
-        running statistics is an affine map per column, so one GEMM does both, and the (W, 2D) pass that
-        normalized every word slot (about 4% of CPU labelling) is gone."""
+        running statistics is an affine map per column, so one GEMM does both, with no (W, 2D) pass over every
+        word slot."""
         norm = self.norm
         scale = norm.weight * torch.rsqrt(norm.running_var + norm.eps)  # (2D,)
         return self.project.weight * scale[:, None], (self.project.bias - norm.running_mean) * scale + norm.bias

@@ -33,6 +33,19 @@ class TransitionSource(str, Enum):
     SAMPLED = "sampled"
 
 
+class EncoderLoop(str, Enum):
+    """Which loop runs an encoding; each caller names one (SPINN.forward and SPINN.encode default to the
+    model's own `encoder`, the loop it trains with).
+
+    `spec` is the readable loop that autograd differentiates; `fused` the thin stack with its backward
+    written out, every sentence at every step (fixed shapes: training, CUDA graphs); `cpu_inference`
+    computes only the rows that are read, without gradients (CPU evaluation and labelling, int8)."""
+
+    SPEC = "spec"
+    FUSED = "fused"
+    CPU_INFERENCE = "cpu_inference"
+
+
 class SPINNConfig(Settings):
     """Every hyperparameter of the model; checkpoints store `to_dict()`."""
 
@@ -126,6 +139,11 @@ class SPINNConfig(Settings):
         if self.predicts_transitions:
             return (TransitionSource.GOLD, TransitionSource.GREEDY)
         return (TransitionSource.GOLD,)
+
+    @property
+    def loop(self) -> EncoderLoop:
+        """The encoder loop this model trains with (fused, or spec)."""
+        return EncoderLoop(self.encoder)
 
     @property
     def training_source(self) -> TransitionSource:

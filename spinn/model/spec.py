@@ -10,100 +10,69 @@ One loop over transition steps, all sentences at once. Each step:
             buffer top's row, the reduce phase pops two rows and pushes the node's (a node is
             read later only if its step reduced).
 
-It calls the cells' own forward() (spinn/model/cells.py) and autograd differentiates it, so a new
-cell works here at once; the fused encoder (thin_stack_forward.py / thin_stack_backward.py) is the
-same computation over the same rows (spinn/model/addressing.py), with its backward written out.
+It calls the cells as modules (spinn/model/cells.py) and autograd differentiates it; the fused
+encoder (thin_stack_forward.py / thin_stack_backward.py) calls the same cells' steps over the
+same rows (spinn/model/addressing.py), with the backward written out from their derivatives.
 
 Shapes: N sentences, L words, T steps, R memory rows, D hidden, Dt tracker; a memory row is [h | c].
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 from torch import Tensor
 
-from spinn.model.addressing import BUFFER_SLOT, WORD_BASE, DeviceStacks, Layout, device_real_steps
+from spinn.model.addressing import BUFFER_SLOT, CHILD_READS, SLOT_NAMES, WORD_BASE, DeviceStacks
 from spinn.model.cells import Reduce, Tracker
-from spinn.model.config import TransitionSource
-from spinn.model.policy import sample_actions
-from spinn.trees.transitions import PAD_TRANSITION, Transition
+from spinn.model.encoder_run import EncoderOutput, Run
+from spinn.trees.transitions import Transition
 
 
-class EncoderOutput(NamedTuple):
-    """What either encoder returns for N sentences."""
-
-    roots: Tensor  # (N, D) root h of each sentence
-    states: Tensor | None  # (T, N, Dt) the tracker's h after each step; None without a tracker (pi-nt)
-    transitions: Tensor  # (N, T) the actions that ran, PAD_TRANSITION after each sentence's end
-    legal: Tensor  # (T, N, 2) SHIFT and REDUCE legal before each step
-    real: Tensor  # (T, N) bool: the step is one of the sentence's own 2n - 1
-
-
-def encode(
-    words: Tensor,
-    lengths: Tensor,
-    layout: Layout,
-    cells: tuple[Reduce, Tracker | None],
-    source: TransitionSource,
-    gold: Tensor | None = None,
-    uniforms: Tensor | None = None,
-) -> EncoderOutput:
-    """words (N*L, 2D) = [h | c] of every word slot; gold (N, T) the parser's transitions (source gold);
-    uniforms (N, T) one draw per sentence and own step (source sampled)."""
-    composition, tracker = cells
+def encode(words: Tensor, cells: tuple[Reduce, Tracker | None], run: Run) -> EncoderOutput:
+    """words (N*L, 2D) = [h | c] of every word slot."""
+    reduce, tracker = cells
+    layout = run.layout
     n, d = layout.sentences, words.shape[1] // 2
     nodes = words.new_zeros(layout.rows - layout.node_base, 2 * d)  # (T*N, 2D)
     memory = torch.cat([words.new_zeros(WORD_BASE, 2 * d), words, nodes])  # (R, 2D), addressing.Layout's rows
-    stacks = DeviceStacks(lengths, layout)
-    real = device_real_steps(lengths, layout.steps)  # (T, N)
+    stacks = DeviceStacks(run.lengths, layout)
     h = c = words.new_zeros(n, tracker.d_tracker) if tracker is not None else None  # (N, Dt)
     states, taken, legal = [], [], []
     for step in range(layout.steps):
         reads = stacks.reads()  # (N, 3) rows: [buffer top, stack second, stack top]
-        buffer, second, top = memory[reads].unbind(1)  # (N, 2D) each: gather
+        rows = memory[reads]  # (N, 3, 2D): gather
+        read_h, read_c = rows[:, :, :d].unbind(1), rows[:, :, d:].unbind(1)  # (N, D) each, by slot
         if tracker is not None:
-            h, c = tracker(torch.cat([buffer[:, :d], top[:, :d], second[:, :d]], 1), h, c)  # (N, Dt) each
+            h, c = tracker({**dict(zip(SLOT_NAMES, read_h, strict=True)), Tracker.RECURRENT: h}, (c,))
             states.append(h)
         legal.append(stacks.legal())  # (N, 2)
-        action = choose(source, step, tracker, h, legal[-1], real[step], gold, uniforms)  # (N,)
-        node = compose(composition, second, top, h, d)  # (N, 2D)
+        action = choose(run, step, h, legal[-1])  # (N,)
+        node = compose(reduce, read_h, read_c, h)  # (N, 2D)
         node_rows = stacks.node_rows(step)  # (N,)
         memory = memory.index_copy(0, node_rows, node)  # write
-        shift, reduce = action == Transition.SHIFT, action == Transition.REDUCE  # (N,) each; neither: padding
-        stacks.move(shift, reduce, reads[:, BUFFER_SLOT], node_rows)  # shift phase, reduce phase
+        shift, reduce_ = action == Transition.SHIFT, action == Transition.REDUCE  # (N,) each; neither: padding
+        stacks.move(shift, reduce_, reads[:, BUFFER_SLOT], node_rows)  # shift phase, reduce phase
         taken.append(action)
     roots = memory[stacks.roots(), :d]  # (N, D)
     tracked = torch.stack(states) if tracker is not None else None  # (T, N, Dt)
-    return EncoderOutput(roots, tracked, torch.stack(taken, 1), torch.stack(legal), real)
+    return EncoderOutput(roots, tracked, torch.stack(taken, 1), torch.stack(legal), run.real)
 
 
-def compose(composition: Reduce, left: Tensor, right: Tensor, tracking: Tensor | None, d: int) -> Tensor:
-    """The TreeLSTM over stack second (left child) and stack top (right child), rows (N, 2D) -> node (N, 2D).
+def compose(reduce: Reduce, read_h: tuple[Tensor, ...], read_c: tuple[Tensor, ...], tracking: Tensor | None) -> Tensor:
+    """The TreeLSTM over the stack second (left child) and stack top (right child) -> node (N, 2D) = [h | c].
 
     Every sentence composes every step (fixed shapes); the node is read later only if the step reduced."""
-    h_children = torch.cat([left[:, :d], right[:, :d]], 1)  # (N, 2D)
-    c_children = torch.cat([left[:, d:], right[:, d:]], 1)  # (N, 2D)
-    h, c = composition(h_children, c_children, tracking if composition.d_tracker else None)  # (N, D) each
+    inputs = {name: read_h[slot] for name, slot in zip(Reduce.CHILDREN, CHILD_READS, strict=True)}
+    if reduce.d_tracker:
+        inputs[Reduce.TRACKING] = tracking
+    h, c = reduce(inputs, [read_c[slot] for slot in CHILD_READS])  # (N, D) each
     return torch.cat([h, c], 1)
 
 
-def choose(
-    source: TransitionSource,
-    step: int,
-    tracker: Tracker | None,
-    h: Tensor | None,
-    legal: Tensor,
-    real: Tensor,
-    gold: Tensor | None,
-    uniforms: Tensor | None,
-) -> Tensor:
+def choose(run: Run, step: int, h: Tensor | None, legal: Tensor) -> Tensor:
     """(N,) this step's Transition.SHIFT or Transition.REDUCE per sentence (PAD_TRANSITION once it ended).
 
     Not differentiated: REINFORCE learns the policy from the transition logits of the states."""
-    if source is TransitionSource.GOLD:
-        return gold[:, step]
-    scores = tracker.transition(h.detach()).masked_fill(~legal, float("-inf"))  # (N, 2): illegal never chosen
-    action = scores.argmax(1) if source is TransitionSource.GREEDY else sample_actions(scores, uniforms[:, step])
-    return torch.where(real, action, PAD_TRANSITION)  # (N,)
+    if run.gold is not None:
+        return run.gold.transitions[:, step]
+    return run.padded(run.chooser.choose(h.detach(), legal, step), step)

@@ -39,10 +39,11 @@ from torch import Tensor, nn
 
 from spinn.errors import SpinnError
 from spinn.model import spec, thin_stack_forward, thin_stack_infer
-from spinn.model.addressing import Layout, StepPlan, device_real_steps
+from spinn.model.addressing import Layout, StepPlan
 from spinn.model.batch import Batch
 from spinn.model.cells import Classifier, Reduce, Tracker, WordEmbedding
-from spinn.model.config import N_ACTIONS, SPINNConfig, TransitionSource
+from spinn.model.config import N_ACTIONS, EncoderLoop, SPINNConfig, TransitionSource
+from spinn.model.encoder_run import Chooser, EncoderOutput, Gold, Run
 from spinn.model.policy import (
     MovingAverageBaseline,
     PolicyTerms,
@@ -84,8 +85,8 @@ class Loss(NamedTuple):
 
 
 class Encoder(nn.Module):
-    """The composition and tracker cells, run over all sentences and steps by the configured encoder:
-    the fused thin stack, or the spec (spinn/model/spec.py) that it equals."""
+    """The composition and tracker cells, run over all sentences and steps by the loop the caller names:
+    the spec (spinn/model/spec.py), the fused thin stack that equals it, or the CPU inference loop."""
 
     def __init__(self, config: SPINNConfig):
         super().__init__()
@@ -95,56 +96,37 @@ class Encoder(nn.Module):
         self.tracker = (
             Tracker(config.d_hidden, config.d_tracker, config.predicts_transitions) if config.has_tracker else None
         )
-        self.int8: thin_stack_infer.Cells | None = None
-        """The cells' int8 GEMMs once `quantize_int8` packed them (CPU inference only)."""
+        self.int8: thin_stack_infer.Gemms | None = None
+        """The cells' int8 GEMMs once `quantize_int8` packed them (the CPU inference loop only)."""
+
+    @property
+    def cells(self) -> tuple[Reduce, Tracker | None]:
+        return self.reduce, self.tracker
 
     def quantize_int8(self) -> None:
-        """Pack the composition's weights for int8 dynamic GEMMs (CPU inference; the tracker stays fp32)."""
-        tracker = None if self.tracker is None else (self.tracker.gates.weight, self.tracker.gates.bias)
-        self.int8 = thin_stack_infer.Cells.of(tracker, (self.reduce.compose.weight, self.reduce.compose.bias), True)
+        """Pack the composition's weights for int8 dynamic GEMMs (the tracker stays fp32: its argmax is the tree)."""
+        if self.config.loop is not EncoderLoop.FUSED:
+            raise SpinnError(
+                f"int8 runs in the fused encoder's CPU inference loop; this model's encoder is {self.config.encoder}"
+            )
+        self.int8 = thin_stack_infer.Gemms.of(self.cells, int8=True)
 
-    def forward(
-        self,
-        words: Tensor,
-        lengths: Tensor,
-        layout: Layout,
-        source: TransitionSource,
-        gold: tuple[StepPlan, Tensor] | None = None,
-        uniforms: Tensor | None = None,
-    ) -> spec.EncoderOutput:
-        """Roots, tracker states and the transitions that ran, from the configured encoder.
+    def forward(self, words: Tensor, run: Run, loop: EncoderLoop) -> EncoderOutput:
+        """Roots, tracker states and the transitions that ran; words (N*L, 2D)."""
+        if self.int8 is not None and loop is not EncoderLoop.CPU_INFERENCE:
+            raise SpinnError(f"an int8 model runs only for inference on the CPU, not in the {loop.value} loop")
+        if loop is EncoderLoop.SPEC:
+            return spec.encode(words, self.cells, run)
+        if loop is EncoderLoop.FUSED:
+            return thin_stack_forward.encode(words, self.cells, run)
+        return thin_stack_infer.encode(words, self.int8 or thin_stack_infer.Gemms.of(self.cells), self.cells, run)
 
-        words (N*L, 2D); gold: the parser's plan and transitions (N, T) for source gold;
-        uniforms (N, T): one draw per sentence and own step for source sampled (rl).
-        """
-        if self.config.encoder == "spec":
-            transitions = gold[1] if gold is not None else None
-            return spec.encode(words, lengths, layout, (self.reduce, self.tracker), source, transitions, uniforms)
-        return self._fused(words, lengths, layout, gold, uniforms)
-
-    def _fused(
-        self, words: Tensor, lengths: Tensor, layout: Layout, gold: tuple[StepPlan, Tensor] | None, uniforms
-    ) -> spec.EncoderOutput:
-        """The thin stack: on the plan's addresses, or choosing its own (greedy, or sampled from uniforms)."""
-        plan = gold[0] if gold is not None else None
-        real = plan.real if plan is not None else device_real_steps(lengths, layout.steps)
-        chooser = None
-        if plan is None:
-            head = self.tracker.transition
-            chooser = thin_stack_forward.Chooser(head.weight.detach(), head.bias.detach(), uniforms)
-        run = thin_stack_forward.Run(layout, lengths, real, plan, chooser)
-        tracker = None if self.tracker is None else (self.tracker.gates.weight, self.tracker.gates.bias)
-        compose = (self.reduce.compose.weight, self.reduce.compose.bias)
-        if thin_stack_infer.applies(words):
-            cells = self.int8 or thin_stack_infer.Cells.of(tracker, compose)
-            roots, states = thin_stack_infer.encode(words, cells, run, gold[1] if gold is not None else None)
-        elif self.int8 is not None:
-            raise SpinnError("an int8 model runs only for inference on the CPU")
-        else:
-            roots, states = thin_stack_forward.encode(words, tracker, compose, run)
-        if plan is not None:
-            return spec.EncoderOutput(roots, states, gold[1], plan.legal, real)
-        return spec.EncoderOutput(roots, states, chooser.taken.t(), chooser.legal, real)
+    def run(self, layout: Layout, lengths: Tensor, gold: Gold | None, uniforms: Tensor | None) -> Run:
+        """The run of a batch: on the parser's transitions, or choosing its own (greedy, or sampled from uniforms)."""
+        if gold is not None:
+            return Run.of_gold(layout, lengths, gold)
+        head = self.tracker.transition
+        return Run.choosing(layout, lengths, Chooser(head.weight.detach(), head.bias.detach(), uniforms))
 
     def transition_logits(self, states: Tensor, legal: Tensor, real: Tensor) -> Tensor:
         """(N, T, 2) scores of the tracker's states (T, N, Dt): illegal actions -inf, padding steps 0."""
@@ -166,15 +148,23 @@ class SPINN(nn.Module):
         self.classifier = Classifier(config)
         self.baseline = _make_baseline(config)
 
-    def forward(self, batch: Batch, *, source: TransitionSource, uniforms: Tensor | None = None) -> SPINNOutput:
-        """Logits for the batch, on the transitions of `source` (one the variant can run: config.sources).
+    def forward(
+        self,
+        batch: Batch,
+        *,
+        source: TransitionSource,
+        uniforms: Tensor | None = None,
+        loop: EncoderLoop | None = None,
+    ) -> SPINNOutput:
+        """Logits for the batch, on the transitions of `source` (one the variant can run: config.sources), run
+        by `loop` (default: the model's own, config.loop).
 
         sampled: rl draws its trees from `uniforms` (N, T) when given (tests), else fresh draws.
         """
         sampled = source is TransitionSource.SAMPLED
         if sampled and uniforms is None:
             uniforms = draw_uniforms(batch.tokens.shape[0], batch.transitions.shape[1], batch.tokens.device)
-        encoding = self.encode(batch.tokens, batch.lengths, source, batch.plan, batch.transitions, uniforms)
+        encoding = self.encode(batch.tokens, batch.lengths, source, batch.plan, batch.transitions, uniforms, loop=loop)
         premise, hypothesis = encoding.vectors.split(batch.pairs)  # (B, D) each
         logits = self.classifier(premise, hypothesis)  # (B, n_classes)
         baseline = self.baseline(self._pair_features(batch)) if sampled else None  # (B,)
@@ -189,11 +179,9 @@ class SPINN(nn.Module):
             )
 
     def quantize_int8(self) -> None:
-        """int8 dynamic quantization of the composition for CPU inference (weights per output channel,
-        activations per call); the tracker, which builds the trees, and the classifier, whose argmax is the
-        label, stay fp32. Measured on SNLI test with a 300D spinn model: quantizing the classifier too (per
-        tensor) kept 98.8% of the labels, the composition alone 99.5% on pair batches and 99.4% on the sentence
-        batches inference runs now (activations are quantized per batch). For labelling; not undone."""
+        """int8 dynamic quantization of the composition for the CPU inference loop (weights per output channel,
+        activations per call), for labelling; not undone. The tracker, which builds the trees, and the
+        classifier, whose argmax is the label, stay fp32. A spec model is refused: its loop has no int8 GEMMs."""
         if self.encoder is not None:
             self.encoder.quantize_int8()
 
@@ -218,10 +206,12 @@ class SPINN(nn.Module):
         plan: StepPlan | None = None,
         transitions: Tensor | None = None,
         uniforms: Tensor | None = None,
+        *,
+        loop: EncoderLoop | None = None,
     ) -> Encoding:
         """Sentence vectors of N sentences: tokens (N, L), lengths (N,); source gold runs the plan of the
         transitions (N, T) it was made from; greedy and sampled the model's own choices (sampled: from
-        uniforms (N, T))."""
+        uniforms (N, T)). `loop`: the encoder loop (default: the model's own, config.loop)."""
         if source not in self.config.sources:
             runs = ", ".join(item.value for item in self.config.sources)
             raise SpinnError(f"a {self.config.variant} model cannot run on {source.value} transitions, only {runs}")
@@ -235,11 +225,12 @@ class SPINN(nn.Module):
         if self.encoder is None:
             return self._bag_of_words(words.view(n, width, -1), real_words, lengths, tokens, transitions)
         layout = Layout(n, width, plan.reads.shape[0] if gold else 2 * width - 1)
-        run = self.encoder(words, lengths, layout, source, (plan, transitions) if gold else None, uniforms)
+        run = self.encoder.run(layout, lengths, Gold(transitions, plan) if gold else None, uniforms)
+        output = self.encoder(words, run, loop or self.config.loop)
         logits = None
         if self.config.predicts_transitions:
-            logits = self.encoder.transition_logits(run.states, run.legal, run.real)
-        return Encoding(run.roots, logits, run.transitions)
+            logits = self.encoder.transition_logits(output.states, output.legal, output.real)
+        return Encoding(output.roots, logits, output.transitions)
 
     def _bag_of_words(
         self, words: Tensor, real: Tensor, lengths: Tensor, tokens: Tensor, transitions: Tensor | None

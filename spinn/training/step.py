@@ -137,8 +137,9 @@ class TrainStep:
         """The step itself: what a graph captures."""
         self.optimizer.zero_grad(set_to_none=True)
         with autocast(self.device, self.options.amp, self.graphs is not None):
-            output = self.network(batch, source=self.model.config.training_source)
-            loss = spinn_loss(output, batch, self.model.config)
+            config = self.model.config
+            output = self.network(batch, source=config.training_source, loop=config.loop)
+            loss = spinn_loss(output, batch, config)
         loss.total.backward()
         torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], self.options.clip_norm, foreach=True)
         self.optimizer.step()

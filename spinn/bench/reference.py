@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from spinn.errors import SpinnError
 from spinn.model.batch import Batch
+from spinn.model.cells import Reduce, Tracker
 from spinn.model.config import N_ACTIONS, TransitionSource
 from spinn.model.spinn import SPINN, Encoding, SPINNOutput
 from spinn.trees.transitions import PAD_TRANSITION, Transition
@@ -60,8 +61,8 @@ class ReferenceSPINN(nn.Module):
     def encode(self, tokens: Tensor, lengths: Tensor, transitions: Tensor) -> Encoding:
         """Sentence vectors of a batch of sentences: tokens (N, L), lengths (N,), transitions (N, T')."""
         reduce = self.model.encoder.reduce
-        # The post's three Linear modules: views of the fused weight, split once per pass.
-        self._weights = reduce.compose.weight.split([reduce.d_hidden, reduce.d_hidden, reduce.d_tracker], 1)
+        # The post's three Linear modules: the cell's weight blocks by input name, views cut once per pass.
+        self._weights = {name: reduce.weight(name) for name in reduce.inputs}
         sizes = lengths.tolist()
         steps = 2 * max(sizes) - 1
         transitions = _left_aligned(transitions, sizes, steps)  # (N, T): the post pads in front, to its own length
@@ -96,8 +97,8 @@ class ReferenceSPINN(nn.Module):
         buffer_top = torch.cat([buffer[-1] if buffer else null for buffer in buffers])  # (N, 2D)
         top = torch.cat([stack[-1] for stack in stacks])  # (N, 2D)
         second = torch.cat([stack[-2] for stack in stacks])  # (N, 2D)
-        reads = torch.cat([buffer_top[:, :d], top[:, :d], second[:, :d]], 1)  # (N, 3D)
-        h, c = self.model.encoder.tracker(reads, *state)  # (N, Dt) each
+        reads = {"buffer": buffer_top[:, :d], "top": top[:, :d], "second": second[:, :d], Tracker.RECURRENT: state[0]}
+        h, c = self.model.encoder.tracker(reads, (state[1],))  # (N, Dt) each
         padding = (transition == PAD_TRANSITION)[:, None]  # (N, 1)
         return torch.where(padding, state[0], h), torch.where(padding, state[1], c)
 
@@ -138,12 +139,12 @@ class ReferenceSPINN(nn.Module):
         reduce = self.model.encoder.reduce
         d = reduce.d_hidden
         left, right = torch.cat(lefts), torch.cat(rights)  # (R, 2D) each
-        w_left, w_right, w_tracking = self._weights  # (5D, D), (5D, D), (5D, Dt)
-        lstm_in = F.linear(left[:, :d], w_left, reduce.compose.bias)  # (R, 5D)
+        w_left, w_right = (self._weights[name] for name in Reduce.CHILDREN)  # (5D, D) each
+        lstm_in = F.linear(left[:, :d], w_left, reduce.bias)  # (R, 5D)
         lstm_in = lstm_in + F.linear(right[:, :d], w_right)  # (R, 5D)
         if tracked[0] is not None:
-            lstm_in = lstm_in + F.linear(torch.cat(tracked), w_tracking)  # (R, 5D)
-        h, c = reduce.cell(lstm_in, torch.cat([left[:, d:], right[:, d:]], 1))  # (R, D) each
+            lstm_in = lstm_in + F.linear(torch.cat(tracked), self._weights[Reduce.TRACKING])  # (R, 5D)
+        h, c = reduce.step(lstm_in, (left[:, d:], right[:, d:]))  # (R, D) each
         return torch.cat([h, c], 1).split(1)  # R x (1, 2D)
 
 

@@ -42,6 +42,7 @@ from typing import Any, Literal
 import torch
 from pydantic import Field, model_validator
 
+from spinn.bench.reference import ReferenceSPINN
 from spinn.cores import recheck, torch_threads, usable_cores
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
@@ -50,7 +51,6 @@ from spinn.inference.step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
 from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
-from spinn.model.reference import ReferenceSPINN
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.settings import AUTO, Conflict, Settings, ThreadCount
