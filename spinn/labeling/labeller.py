@@ -32,6 +32,7 @@ from spinn.labeling.label_settings import PARSER_AUTO, PARSER_MODEL, PARSER_STAN
 from spinn.model.checkpoint import Checkpoint, load_checkpoint
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
+from spinn.model.spinn import check_int8
 from spinn.parsing.parse import TREES_NONE, TokenOnly
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parser
@@ -83,6 +84,13 @@ class ModelSource:
     def model_name(self) -> str:
         """`models:/spinn/3` for a registry URI (the alias resolved), else the checkpoint and its digest."""
         return self.reference if self.is_registered else f"{self.reference} (sha256 {self.checkpoint_sha256[:12]})"
+
+    def check(self, settings: LabelSettings) -> None:
+        """Refuse what `settings` ask of this model that it cannot run: a parser it has no use for, int8 on a
+        loop without int8 GEMMs."""
+        self.parser_name(settings)
+        if settings.int8:
+            check_int8(self.config)
 
     def parser_name(self, settings: LabelSettings) -> str:
         return resolve_parser(settings.parser, self.config)

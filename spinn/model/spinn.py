@@ -55,6 +55,13 @@ from spinn.model.policy import (
 from spinn.trees.transitions import PAD_TRANSITION
 
 
+def check_int8(config: SPINNConfig) -> None:
+    """int8 packs the fused loop's GEMMs; a spec model's loop has none, so it is refused, never run in fp32."""
+    if config.loop is not EncoderLoop.FUSED:
+        encoder = config.encoder
+        raise SpinnError(f"int8 runs in the fused encoder's CPU inference loop; this model's encoder is {encoder}")
+
+
 class Encoding(NamedTuple):
     """What the encoder returns for N sentences, in input order."""
 
@@ -105,10 +112,7 @@ class Encoder(nn.Module):
 
     def quantize_int8(self) -> None:
         """Pack the composition's weights for int8 dynamic GEMMs (the tracker stays fp32: its argmax is the tree)."""
-        if self.config.loop is not EncoderLoop.FUSED:
-            raise SpinnError(
-                f"int8 runs in the fused encoder's CPU inference loop; this model's encoder is {self.config.encoder}"
-            )
+        check_int8(self.config)
         self.int8 = thin_stack_infer.Gemms.of(self.cells, int8=True)
 
     def forward(self, words: Tensor, run: Run, loop: EncoderLoop) -> EncoderOutput:
