@@ -277,7 +277,7 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
     pending = pending_files(request.inbox, index, request.settle_seconds, max_rejected)
     entries = _label_pending(pending, request, index) if pending else {}
     described = f"{len(entries)} inbox files labelled or retried, {len(refused)} still refused"
-    still = {name: still_refused(entry) for name, entry in refused.items()}
+    still = {name: _still_refused(entry) for name, entry in refused.items()}
     create_table_artifact(labelled_file_rows({**entries, **still}), key=LABELLING_RUN_KEY, description=described)
     failed, refused_now = (
         [name for name, entry in entries.items() if entry["status"] == end] for end in (FAILED, REFUSED)
@@ -288,7 +288,7 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
     return entries
 
 
-def still_refused(entry: dict[str, Any]) -> dict[str, Any]:
+def _still_refused(entry: dict[str, Any]) -> dict[str, Any]:
     """A refused file's entry as a later run's table shows it: the figures of the run that refused it, and in
     `error` why and how to have it taken again (a row each run, no failure: the first run alerted)."""
     how = f"to label it, change the file or raise max_rejected above {entry['max_rejected']:g}"

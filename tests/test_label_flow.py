@@ -1,7 +1,8 @@
 """The label-pairs flow on a real Prefect server, with shards on a real two-worker Dask cluster.
 
 Files arrive in an inbox between runs: a run labels only the new ones, a file
-that fails is recorded and retried on the next run, and each labelled file
+that fails is recorded and retried on the next run (one refused for too many
+rejected rows only once it or the threshold changes), and each labelled file
 leaves its predictions, an index entry, a Prefect artifact row and an MLflow run.
 """
 
