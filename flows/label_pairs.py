@@ -13,7 +13,11 @@ loses no finished file's entry and a rerun labels the others again (their
 sound shards reused, a published output answered from its record): every
 file's rows end up in its output exactly once. A file that fails (a run
 that labelled no row included) is recorded as failed, reported, and tried
-again on the next run; the files beside it go on. A labelled file's figures
+again on the next run; the files beside it go on. A file with more rows
+rejected than `max_rejected` allows fails for its content: it is recorded as
+refused (its digest, the threshold, the reason), reported once, and listed
+as still refused by later runs, which leave it alone until its content or
+the threshold changes. A labelled file's figures
 (counts, label shares, confidence, OOV share, drift) go to the Prefect run's
 table artifact and to an MLflow run per file (spinn/labeling/track.py).
 
@@ -57,6 +61,7 @@ from spinn.errors import SpinnError, one_line
 from spinn.io import atomic_path, file_digest
 from spinn.labeling.label_settings import LabelSettings
 from spinn.labeling.shard_plan import spread_over
+from spinn.labeling.summary import TooManyRejected
 from spinn.labeling.track import label_metrics, log_label_run
 from spinn.settings import AUTO, count_or_auto
 
@@ -65,7 +70,9 @@ LABELS_SUFFIX = ".labels.parquet"
 """Ends every output's name: the input's whole name, then this (see output_name)."""
 INPUT_SUFFIXES = readable_suffixes()
 """The inbox takes every file the sentence-pair readers can read (matched case-blind, as they do)."""
-DONE, FAILED = "done", "failed"
+DONE, FAILED, REFUSED = "done", "failed", "refused"
+"""An index entry's status: labelled; failed for a reason retried next run; refused for the file's content (too
+many rows rejected), not taken again until the file or max_rejected changes."""
 LOOPBACK = "127.0.0.1"
 LABELLING_RUN_KEY = "spinn-labeling-run"
 PROGRESS_EVERY_S = 30.0
@@ -81,12 +88,20 @@ LabelOverrides = LabelSettings.overrides()
 
 
 class FilesFailed(SpinnError):
-    """A label-pairs run in which some files failed: it ends Failed, so alerts fire; `entries` holds this
-    run's entries of the index (the failed files and the labelled ones), as a Completed run returns them."""
+    """A label-pairs run in which some files failed or were refused: it ends Failed, so alerts fire; `entries`
+    holds this run's entries of the index (those files and the labelled ones), as a Completed run returns them."""
 
-    def __init__(self, entries: dict[str, dict[str, Any]], failed: list[str]):
-        self.entries, self.failed = entries, failed
-        super().__init__(f"{len(failed)} of {len(entries)} files failed (retried on the next run): {', '.join(failed)}")
+    def __init__(self, entries: dict[str, dict[str, Any]], failed: list[str], refused: list[str]):
+        self.entries, self.failed, self.refused = entries, failed, refused
+        told = [
+            f"{len(names)} of {len(entries)} files {what}: {', '.join(names)}"
+            for names, what in (
+                (failed, "failed (retried on the next run)"),
+                (refused, "refused for too many rejected rows (until the file or max_rejected changes)"),
+            )
+            if names
+        ]
+        super().__init__("; ".join(told))
 
 
 class LabelRequest(BaseModel):
@@ -206,7 +221,6 @@ def label_file(input_path: Path, request: LabelRequest) -> dict[str, Any]:
     record, the summary), its shards as tasks on the Dask cluster; then its MLflow run. An output of another
     version of the file is replaced: the inbox's outputs are its files' own."""
     from spinn.labeling.label import label
-    from spinn.labeling.summary import TooManyRejected
 
     children.stop_when_orphaned()  # a worker's flow run ends with its worker, as a command with its starter
     settings = spread_over(request.worker_settings(), input_path, request.dask_workers)
@@ -258,15 +272,27 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
     request = request or LabelRequest()
     request.outbox.mkdir(parents=True, exist_ok=True)
     index = read_index(request.outbox)
-    pending = pending_files(request.inbox, index, request.settle_seconds)
+    max_rejected = request.label_settings().max_rejected
+    refused = refused_files(request.inbox, index, max_rejected)
+    pending = pending_files(request.inbox, index, request.settle_seconds, max_rejected)
     entries = _label_pending(pending, request, index) if pending else {}
-    described = f"{len(entries)} inbox files labelled or retried"
-    create_table_artifact(labelled_file_rows(entries), key=LABELLING_RUN_KEY, description=described)
-    failed = [name for name, entry in entries.items() if entry["status"] == FAILED]
-    if failed:
-        error = FilesFailed(entries, failed)
+    described = f"{len(entries)} inbox files labelled or retried, {len(refused)} still refused"
+    still = {name: _still_refused(entry) for name, entry in refused.items()}
+    create_table_artifact(labelled_file_rows({**entries, **still}), key=LABELLING_RUN_KEY, description=described)
+    failed, refused_now = (
+        [name for name, entry in entries.items() if entry["status"] == end] for end in (FAILED, REFUSED)
+    )
+    if failed or refused_now:
+        error = FilesFailed(entries, failed, refused_now)
         return Failed(message=str(error), data=error)
     return entries
+
+
+def _still_refused(entry: dict[str, Any]) -> dict[str, Any]:
+    """A refused file's entry as a later run's table shows it: the figures of the run that refused it, and in
+    `error` why and how to have it taken again (a row each run, no failure: the first run alerted)."""
+    how = f"to label it, change the file or raise max_rejected above {entry['max_rejected']:g}"
+    return {**entry, "error": f"still refused since {entry['started_at']} ({how}): {entry['error']}"}
 
 
 def _label_pending(pending: list[Path], request: LabelRequest, index: dict[str, dict]) -> dict[str, dict[str, Any]]:
@@ -290,8 +316,10 @@ def _label_one(path: Path, request: LabelRequest, address: str) -> dict[str, Any
     try:
         entry["sha256"] = file_digest(path, "sha256")
         entry.update(status=DONE, **_label_subflow(path, request, address))
+    except TooManyRejected as error:  # its content's fault: refused until the file or the threshold changes
+        entry.update(error.figures, status=REFUSED, max_rejected=request.label_settings().max_rejected)
+        entry["error"] = f"{type(error).__name__}: {one_line(error)}"
     except Exception as error:  # recorded in the index and the run's artifact; the file is retried next run
-        entry.update(getattr(error, "figures", {}))  # a file labelled, but with too many rows rejected
         entry.update(status=FAILED, error=f"{type(error).__name__}: {one_line(error)}")
     entry["seconds"] = round(time.perf_counter() - start, 3)
     return entry
@@ -303,17 +331,35 @@ def _label_subflow(path: Path, request: LabelRequest, address: str) -> dict[str,
     return label_file.with_options(task_runner=runner, flow_run_name=f"label-{path.name}")(path, request)
 
 
-def pending_files(inbox: Path, index: dict[str, dict], settle_seconds: float = 0.0) -> list[Path]:
-    """Input files not yet done with this content (new, changed, or failed last time), by name. Dot-files
-    (editors' and uploaders' temporaries) are never taken, nor files still being written (`settled`)."""
+def pending_files(
+    inbox: Path, index: dict[str, dict], settle_seconds: float = 0.0, max_rejected: float = FLOW_MAX_REJECTED
+) -> list[Path]:
+    """Input files not yet done with this content (new, changed, or failed last time), by name, less those
+    refused for this content under this `max_rejected`. Dot-files (editors' and uploaders' temporaries) are
+    never taken, nor files still being written (`settled`)."""
+    files = _inbox_files(inbox)
+    waiting = [path for path in files if not _done(index.get(path.name), path)]
+    return settled([path for path in waiting if not _refused(index.get(path.name), path, max_rejected)], settle_seconds)
+
+
+def refused_files(inbox: Path, index: dict[str, dict], max_rejected: float) -> dict[str, dict]:
+    """The index entries of inbox files refused for their present content under this `max_rejected`."""
+    return {
+        path.name: index[path.name]
+        for path in _inbox_files(inbox)
+        if _refused(index.get(path.name), path, max_rejected)
+    }
+
+
+def _inbox_files(inbox: Path) -> list[Path]:
+    """The inbox's input files by name, dot-files left out."""
     if not inbox.is_dir():
         return []
-    files = sorted(
+    return sorted(
         path
         for path in inbox.iterdir()
         if path.is_file() and not path.name.startswith(".") and _input_suffix(path) is not None
     )
-    return settled([path for path in files if not _done(index.get(path.name), path)], settle_seconds)
 
 
 def settled(files: list[Path], settle_seconds: float) -> list[Path]:
@@ -342,6 +388,13 @@ def _looks(path: Path) -> tuple[int, float] | None:
 
 def _done(entry: dict | None, path: Path) -> bool:
     return entry is not None and entry.get("status") == DONE and entry.get("sha256") == file_digest(path, "sha256")
+
+
+def _refused(entry: dict | None, path: Path, max_rejected: float) -> bool:
+    """Refused for this very content under this very threshold: a new digest or threshold takes it again."""
+    if entry is None or entry.get("status") != REFUSED or entry.get("max_rejected") != max_rejected:
+        return False
+    return entry.get("sha256") == file_digest(path, "sha256")
 
 
 def read_index(outbox: Path) -> dict[str, dict]:

@@ -1,7 +1,8 @@
 """The label-pairs flow on a real Prefect server, with shards on a real two-worker Dask cluster.
 
 Files arrive in an inbox between runs: a run labels only the new ones, a file
-that fails is recorded and retried on the next run, and each labelled file
+that fails is recorded and retried on the next run (one refused for too many
+rejected rows only once it or the threshold changes), and each labelled file
 leaves its predictions, an index entry, a Prefect artifact row and an MLflow run.
 """
 
@@ -15,10 +16,11 @@ from typing import Any
 import pyarrow.parquet as pq
 import pytest
 
-from flows.label_pairs import DONE, FAILED, LabelRequest, read_index, write_index
+from flows.label_pairs import DONE, FAILED, REFUSED, LabelRequest, read_index, write_index
 from spinn import cores
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import read_input_pairs
+from spinn.io import file_digest
 from spinn.labeling import shard_plan
 from spinn.labeling.track import LABELING_EXPERIMENT
 from tests.helpers import (
@@ -131,6 +133,52 @@ def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, requ
     ]
     assert sorted(run.data.params["input"] for run in runs) == ["bad.jsonl", "good.jsonl"]
     assert all(run.data.metrics["labelled"] == len(rows) for run in runs)
+
+
+def test_a_file_refused_for_too_many_rejects_alerts_once_until_it_or_the_threshold_changes(
+    smoke_model, request_for, dask_address, tmp_path
+):
+    """Too many rejected rows is a property of the file's content: the run that first sees it fails; later runs
+    list it as still refused and complete without labelling it again, until the file or max_rejected changes."""
+    import mlflow
+
+    from flows.label_pairs import label_pairs
+
+    rows = smoke_pairs(smoke_model, 4)
+    mostly_empty = [rows[0], *({**row, "hypothesis": ""} for row in rows[1:])]  # 3 of 4 rejected, over 10%
+    path = write_rows(tmp_path / "inbox" / "mostly_empty.jsonl", mostly_empty)
+    request = request_for(parser="model", dask_address=dask_address)
+    rejects = tmp_path / "labelled" / "mostly_empty.jsonl.labels.rejects.jsonl"
+
+    def labelling_runs() -> int:
+        runs = mlflow.search_runs(experiment_names=[LABELING_EXPERIMENT], output_format="list")
+        return sum(run.data.params["input_path"] == str(path) for run in runs)
+
+    first = label_pairs(request, return_state=True)
+    assert first.is_failed() and first.message.endswith("(until the file or max_rejected changes): mostly_empty.jsonl")
+    entry = read_index(request.outbox)["mostly_empty.jsonl"]
+    assert (entry["status"], entry["sha256"], entry["max_rejected"]) == (REFUSED, file_digest(path, "sha256"), 0.1)
+    assert entry["error"].startswith("TooManyRejected: 3 of 4 rows rejected")
+    assert run_table(first)["mostly_empty.jsonl"]["status"] == REFUSED
+    published = (rejects.read_bytes(), rejects.stat().st_mtime_ns)
+
+    again = label_pairs(request, return_state=True)
+    assert again.is_completed() and again.result() == {}
+    row = run_table(again)["mostly_empty.jsonl"]
+    assert row["status"] == REFUSED and row["error"].startswith(f"still refused since {entry['started_at']} (")
+    assert f"change the file or raise max_rejected above 0.1): {entry['error']}" in row["error"]
+    assert file_runs(again) == {} and labelling_runs() == 1
+    assert (rejects.read_bytes(), rejects.stat().st_mtime_ns) == published
+
+    write_rows(path, mostly_empty[:3])  # the sender edits it: new content, refused anew
+    edited = label_pairs(request, return_state=True)
+    assert edited.is_failed() and read_index(request.outbox)["mostly_empty.jsonl"]["sha256"] == file_digest(
+        path, "sha256"
+    )
+    assert labelling_runs() == 2
+
+    raised = label_pairs(request_for(parser="model", dask_address=dask_address, max_rejected=0.9))
+    assert raised["mostly_empty.jsonl"]["status"] == DONE and raised["mostly_empty.jsonl"]["labelled"] == 1
 
 
 def test_the_run_artifact_lists_every_file_with_the_figures_its_mlflow_run_logs(smoke_model, request_for, tmp_path):

@@ -175,3 +175,25 @@ def test_a_damaged_inbox_index_is_named_with_its_fix(tmp_path, index):
         SpinnError, match=f"^{tmp_path / 'labelled' / INDEX_NAME}: not a label-pairs index .*move it aside"
     ):
         label_pairs.fn(request)
+
+
+def test_a_file_refused_for_its_content_waits_until_it_or_the_threshold_changes(tmp_path):
+    """A refused entry holds back its own content under its own max_rejected only; a failed one never does."""
+    from flows.label_pairs import DONE, FAILED, REFUSED, pending_files, refused_files
+    from spinn.io import file_digest
+
+    for name in ("refused.csv", "edited.csv", "failed.csv", "done.csv"):
+        (tmp_path / name).write_text(f"premise,hypothesis\nA dog runs.,{name}\n", encoding="utf-8")
+    digest = {name: file_digest(tmp_path / name, "sha256") for name in ("refused.csv", "failed.csv", "done.csv")}
+    index = {
+        "refused.csv": {"status": REFUSED, "sha256": digest["refused.csv"], "max_rejected": 0.1, "error": "why"},
+        "edited.csv": {"status": REFUSED, "sha256": digest["refused.csv"], "max_rejected": 0.1, "error": "why"},
+        "failed.csv": {"status": FAILED, "sha256": digest["failed.csv"], "error": "model not found"},
+        "done.csv": {"status": DONE, "sha256": digest["done.csv"]},
+    }
+
+    assert [path.name for path in pending_files(tmp_path, index, max_rejected=0.1)] == ["edited.csv", "failed.csv"]
+    assert refused_files(tmp_path, index, max_rejected=0.1) == {"refused.csv": index["refused.csv"]}
+    raised = [path.name for path in pending_files(tmp_path, index, max_rejected=0.2)]
+    assert raised == ["edited.csv", "failed.csv", "refused.csv"]
+    assert refused_files(tmp_path, index, max_rejected=0.2) == {}

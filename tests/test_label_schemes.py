@@ -190,7 +190,7 @@ def test_each_door_labels_a_two_way_file_alike_and_shows_its_accuracy_where_user
     import mlflow
     import pandas as pd
 
-    from flows.label_pairs import FAILED, LabelRequest, label_pairs, read_index
+    from flows.label_pairs import REFUSED, LabelRequest, label_pairs, read_index
     from spinn.labeling.track import AGREEMENT_ARTIFACT, LABELING_EXPERIMENT
     from tests.helpers import file_runs, run_table
 
@@ -219,7 +219,7 @@ def test_each_door_labels_a_two_way_file_alike_and_shows_its_accuracy_where_user
     )
     state = label_pairs(request, return_state=True)
     assert state.is_failed() and state.message.endswith(
-        f"1 of 4 files failed (retried on the next run): {MOSTLY_REJECTED}"
+        f"1 of 4 files refused for too many rejected rows (until the file or max_rejected changes): {MOSTLY_REJECTED}"
     )
     entries, index, table = state.result(raise_on_failure=False).entries, read_index(request.outbox), run_table(state)
     subflows = file_runs(state)
@@ -238,7 +238,7 @@ def test_each_door_labels_a_two_way_file_alike_and_shows_its_accuracy_where_user
         assert agreement(zip(gold, served["label"], strict=True)).accuracy == pytest.approx(accuracy)
 
     rejected = entries[MOSTLY_REJECTED]
-    assert rejected["status"] == FAILED == index[MOSTLY_REJECTED]["status"]
+    assert rejected["status"] == REFUSED == index[MOSTLY_REJECTED]["status"]
     assert "9 of 10 rows rejected (90.0%, more than the 10% allowed: 9 empty_sentence)" in rejected["error"]
     assert (rejected["labelled"], rejected["rejected"]) == (1, 9) and table[MOSTLY_REJECTED]["error"] == rejected[
         "error"
