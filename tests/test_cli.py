@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import spinn
 
-def spinn(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    command = [str(Path(sys.executable).with_name("spinn")), *args]
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=300)
+pytestmark = pytest.mark.integration
 
 
 def test_help_lists_the_stages():

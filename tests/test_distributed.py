@@ -22,8 +22,9 @@ from spinn import cores
 from spinn.data.example import Example
 from spinn.model.checkpoint import load_checkpoint
 from spinn.training.distributed import Topology, make_share, share
-from tests.conftest import copy_store
-from tests.helpers import assert_the_thread_rule_ran, thread_decisions, thread_rule_env
+from tests.helpers import assert_the_thread_rule_ran, copy_store, thread_decisions, thread_rule_env
+
+pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
 SETTINGS = [

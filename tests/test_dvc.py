@@ -35,11 +35,11 @@ from spinn.data.schema import NO_CONSENSUS_LABEL
 from spinn.data.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
 from spinn.io import file_digest
 from spinn.model.checkpoint import load_checkpoint
-from tests.checkout import copy_checkout
-from tests.conftest import copy_store
 from tests.helpers import (
     assert_the_thread_rule_ran,
     command_line,
+    copy_checkout,
+    copy_store,
     kill_if_running,
     run_statuses,
     running,
@@ -50,7 +50,7 @@ from tests.helpers import (
 )
 from tests.httpserver import LocalServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
 """The environment running the tests, whose bin holds the `spinn` and `dvc` executables."""

@@ -26,11 +26,17 @@ from spinn.io import file_digest
 from spinn.settings import nest
 from spinn.tracking.register import version_description
 from spinn.training.evaluate import report_path
-from tests.checkout import copy_checkout
-from tests.conftest import copy_store
-from tests.helpers import assert_the_thread_rule_ran, stanza_dir, thread_decisions, thread_rule_env, write_rows
+from tests.helpers import (
+    assert_the_thread_rule_ran,
+    copy_checkout,
+    copy_store,
+    stanza_dir,
+    thread_decisions,
+    thread_rule_env,
+    write_rows,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SMALL_TRAINING = {
     "model.variant": "spinn",

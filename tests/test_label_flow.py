@@ -32,7 +32,7 @@ from tests.helpers import (
     write_rows,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SHARD_SIZE = 20
 MEETING_S = 30.0

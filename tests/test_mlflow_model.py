@@ -38,10 +38,14 @@ from spinn.tracking.register import (
     MODEL_OUTPUTS,
     SELECTION_METRIC,
 )
-from tests.helpers import assert_the_thread_rule_ran, thread_decisions, thread_rule_env
-from tests.test_release_files import register_as_release_0_1_0
+from tests.helpers import (
+    RELEASE,
+    assert_the_thread_rule_ran,
+    register_as_release_0_1_0,
+    thread_decisions,
+    thread_rule_env,
+)
 
-RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
 MLFLOW = Path(sys.executable).with_name("mlflow")
 PAIRS = 12
 SERVER_START_S = 180

@@ -10,13 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_train
-from tests.test_train import TINY_MODEL, tiny_config
-
-prepared = test_train.prepared  # the 1,024 real training pairs, prepared once for the module
-aligned = test_train.aligned  # the module's vectors, aligned once
-fresh_workdir = test_train.fresh_workdir
-workdir = test_train.workdir  # a copy of the migrated store and of the vectors per test
+from tests.helpers import PREPARED_DEV_PAIRS, TINY_MODEL, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -252,7 +246,7 @@ def test_evaluation_prints_progress_on_time(prepared, workdir, capsys) -> None:
     settings = EvaluateSettings(batch_size=40, device="cpu", track=False)
     evaluate(trained.best_checkpoint, prepared / "dev.parquet", workdir / "x.json", settings, report_every_s=0.0)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluate ")]
-    labelled = test_train.DEV_PAIRS - 1  # one dev pair of the first 120 has gold '-'
+    labelled = PREPARED_DEV_PAIRS - 1  # one dev pair of the first 120 has gold '-'
     counts = [int(line.split()[1].split("/")[0]) for line in lines]  # "evaluate 40/119 (34%) pairs; ETA ..."
     assert len(counts) >= 2 and counts == sorted(set(counts)) and counts[-1] == labelled  # a line per batch
     assert all(re.fullmatch(rf"evaluate \d+/{labelled} \(\d+%\) pairs", line.split(";")[0]) for line in lines)

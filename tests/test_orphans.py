@@ -24,8 +24,15 @@ from click.testing import CliRunner
 
 from spinn import children
 from spinn.cli import COMMANDS, main
-from tests.conftest import copy_store
-from tests.helpers import SPINN_COMMAND, kill_if_running, run_statuses, running, tiny_train_arguments, wait_for
+from tests.helpers import (
+    SPINN_COMMAND,
+    copy_store,
+    kill_if_running,
+    run_statuses,
+    running,
+    tiny_train_arguments,
+    wait_for,
+)
 
 ORPHAN_END_S = 60
 """How long an orphaned stage may take to notice and stop: the parent poll, then a training step under load."""

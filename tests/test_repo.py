@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkout import copy_checkout
-from tests.test_docs import readme_block
+from tests.helpers import copy_checkout, readme_block
+
+pytestmark = pytest.mark.e2e
 
 SMOKE_TIMEOUT_S = 600
 REAL_PAIRS = 400

@@ -13,6 +13,8 @@ from spinn.data.schema import read_pairs
 from spinn.trees.transitions import parse_binary
 from tests.helpers import smoke_pairs, write_rows
 
+pytestmark = pytest.mark.e2e
+
 TINY_RL = [
     "--set",
     "model.d_hidden=16",

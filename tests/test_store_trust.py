@@ -19,8 +19,7 @@ from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
 from spinn.model.checkpoint import load_checkpoint, save_checkpoint
-from tests.conftest import SMOKE_TRAINING
-from tests.helpers import one_error_line
+from tests.helpers import SMOKE_TRAINING, one_error_line
 
 
 def run_of(checkpoint: Path):

@@ -21,6 +21,8 @@ import torch
 
 from spinn.tracking import store as tracking
 
+pytestmark = pytest.mark.integration
+
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 """Where MLflow 3's UI reads an experiment's type (its React bundle; the Python package has no constant for it)."""
 MODEL_TRAINING_KIND = "custom_model_development"

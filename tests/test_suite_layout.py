@@ -1,0 +1,58 @@
+"""The test suite's own rules, read from its source: a newcomer finds each shared builder in one place.
+
+No test module imports another (shared builders live in tests/helpers.py, fixtures in
+tests/conftest.py), and every test file names its tier itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+TEST_SOURCES = sorted(TESTS.glob("*.py"))
+TIERS = ("unit", "integration", "e2e")
+
+
+def is_test_module(module: str) -> bool:
+    """tests.test_x, test_x, tests.conftest or conftest: a module that pytest collects or loads by itself."""
+    name = module.removeprefix("tests.")
+    return name.startswith("test_") or name == "conftest"
+
+
+def imports_of_test_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every import of a test module or conftest in the file, at any depth."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if is_test_module(alias.name)]
+        elif isinstance(node, ast.ImportFrom):
+            if node.module in (None, "tests"):  # from tests import test_x, from . import test_x: names are modules
+                found += [(node.lineno, alias.name) for alias in node.names if is_test_module(alias.name)]
+            elif is_test_module(node.module):
+                found.append((node.lineno, node.module))
+    return found
+
+
+@pytest.mark.parametrize("path", TEST_SOURCES, ids=lambda path: path.name)
+def test_no_test_module_imports_another(path):
+    imports = [f"{path.name}:{line} imports {module}" for line, module in imports_of_test_modules(path)]
+    assert not imports, "\n".join(imports) + "\n(move what they share to tests/helpers.py or a conftest fixture)"
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from tests.test_cli import spinn",
+        "import tests.test_docs",
+        "from tests import test_train",
+        "from .conftest import x",
+        "from . import test_y",
+    ],
+)
+def test_the_check_sees_an_import_of_a_test_module(tmp_path, source):
+    module = tmp_path / "test_example.py"
+    module.write_text(f"def f():\n    {source}\n", encoding="utf-8")
+    assert [line for line, _ in imports_of_test_modules(module)] == [2]
