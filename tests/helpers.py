@@ -52,8 +52,9 @@ TINY_MODEL = {"d_hidden": 16, "d_tracker": 8, "mlp_dim": 32, "mlp_layers": 1}
 """The one tiny model every training test runs: a step takes milliseconds, and a dozen steps on the 1,024 real
 pairs still learn enough to beat a run that learns nothing (test_train's alias test needs that; half the width
 does not)."""
-TINY_TRAIN_SETTINGS = (*(f"model.{key}={value}" for key, value in TINY_MODEL.items()), "threads=1")
-"""TINY_MODEL as a command's --set settings, on one thread."""
+TINY_MODEL_SETTINGS = tuple(f"model.{key}={value}" for key, value in TINY_MODEL.items())
+"""TINY_MODEL as a command's --set settings."""
+TINY_TRAIN_SETTINGS = (*TINY_MODEL_SETTINGS, "threads=1")
 PREPARED_DEV_PAIRS = 120
 """The real dev pairs that the `snli_prepared` fixture prepares (one of them has gold '-')."""
 
@@ -185,6 +186,11 @@ def one_error_line(stderr: str) -> str:
     errors = [line for line in stderr.strip().splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and stderr.strip().endswith(errors[0]) and "Traceback" not in stderr, stderr
     return errors[0]
+
+
+def set_options(settings: tuple[str, ...] | list[str]) -> list[str]:
+    """KEY=VALUE settings as a command's `--set KEY=VALUE` options."""
+    return [word for setting in settings for word in ("--set", setting)]
 
 
 def tiny_train_arguments(prepared: Path, output_dir: Path, *settings: str) -> list[str]:

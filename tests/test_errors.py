@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from spinn.cli import main
 from spinn.labeling.shard_plan import parts_folder
-from tests.helpers import CLI_TIMEOUT_S, one_error_line, smoke_pairs, snli_line, write_rows
+from tests.helpers import CLI_TIMEOUT_S, one_error_line, smoke_pairs, snli_line, tiny_train_arguments, write_rows
 
 pytestmark = pytest.mark.integration
 
@@ -121,34 +121,7 @@ def test_train_on_a_full_disk(smoke_model, tmp_path, monkeypatch, mlflow_store):
     earlier = tmp_path / "models"
     earlier.mkdir()
     monkeypatch.setattr(torch, "save", disk_full)
-    prepared = smoke_model.prepared
-    result = CliRunner().invoke(
-        main,
-        [
-            "train",
-            "--train",
-            str(prepared / "train.parquet"),
-            "--dev",
-            str(prepared / "dev.parquet"),
-            "--embeddings-dir",
-            str(prepared.parent / "embeddings"),
-            "--output-dir",
-            str(earlier),
-            "--no-register",
-            "--device",
-            "cpu",
-            "--set",
-            "model.d_hidden=8",
-            "--set",
-            "model.d_tracker=4",
-            "--set",
-            "model.mlp_dim=8",
-            "--set",
-            "max_steps=2",
-            "--set",
-            "threads=1",
-        ],
-    )
+    result = CliRunner().invoke(main, tiny_train_arguments(smoke_model.prepared, earlier, "max_steps=2"))
     assert result.exit_code == 1, result.output
     line = one_error_line(result.stderr)
     assert line.startswith("error: no space left on ") and re.search(rf"writing {earlier}/(last|best)\.pt$", line)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch.func import functional_call
@@ -26,8 +24,6 @@ from spinn.trees.transitions import (
 from spinn.trees.tree import Tree
 
 GOLD = TransitionSource.GOLD
-SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
-needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
 
 FLOAT32_TOLERANCE = 1e-5
 FLOAT64_TOLERANCE = 1e-10
@@ -44,11 +40,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def snli():
+def snli(snli_dev):
     """The first 400 real dev pairs, encoded, and their vocabulary size."""
-    if not SNLI_DEV.exists():
-        pytest.skip(f"real SNLI dev split not found at {SNLI_DEV}")
-    pairs = read_raw_pairs(SNLI_DEV)[:400]
+    pairs = read_raw_pairs(snli_dev)[:400]
     vocabulary = corpus_vocabulary(pairs)
     return pairs, encode_pairs(pairs, vocabulary), vocabulary
 
@@ -179,7 +173,6 @@ def encode_alone(model: SPINN, examples: list[Example]) -> tuple[torch.Tensor, t
     )
 
 
-@needs_snli
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, FLOAT32_TOLERANCE), (torch.float64, FLOAT64_TOLERANCE)])
 def test_batch_equals_examples_one_by_one(snli, mixed, variant, dtype, tolerance):
@@ -194,7 +187,6 @@ def test_batch_equals_examples_one_by_one(snli, mixed, variant, dtype, tolerance
     assert_close(together.logits, logits, tolerance)
 
 
-@needs_snli
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_padding_to_a_bucket_width_changes_nothing(snli, mixed, variant):
     """Extra word slots and steps (shape buckets for CUDA graphs) compute unused rows: outputs and gradients stay."""
@@ -232,7 +224,6 @@ def recursive_encode(model: SPINN, tree: Tree, ids: dict[str, int]) -> torch.Ten
     return walk(tree)[0]
 
 
-@needs_snli
 def test_pi_nt_matches_a_simple_tree_recursion(snli):
     pairs, examples, vocabulary = snli
     config = SPINNConfig(variant="pi-nt", d_embed=12, d_hidden=16, d_tracker=0, mlp_dim=24)
@@ -251,7 +242,6 @@ def test_pi_nt_matches_a_simple_tree_recursion(snli):
                 assert_close(encoded[row], expected, FLOAT64_TOLERANCE)
 
 
-@needs_snli
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_seed_article_reference_gives_the_same_outputs_and_gradients(snli, mixed, variant):
     config = SMALL.replace(variant=variant, use_batch_norm=False)
@@ -369,7 +359,6 @@ def test_repeated_backward_through_one_graph():
     assert torch.equal(first, second)
 
 
-@needs_snli
 def test_overfits_sixteen_real_pairs(snli):
     _, examples, vocabulary = snli
     config = SPINNConfig(variant="spinn", d_embed=32, d_hidden=32, d_tracker=16, mlp_dim=64)
@@ -431,7 +420,6 @@ def test_illegal_actions_are_masked_where_they_are_illegal():
             stack, buffer = (stack + 1, buffer - 1) if value == Transition.SHIFT else (stack - 1, buffer)
 
 
-@needs_snli
 def test_spinn_on_gold_transitions_encodes_like_pi(snli, mixed):
     pi = build(SMALL.replace(variant="pi"), len(snli[2]), torch.float64)
     spinn = build(SMALL, len(snli[2]), torch.float64)
@@ -442,7 +430,6 @@ def test_spinn_on_gold_transitions_encodes_like_pi(snli, mixed):
         assert_close(spinn(batch, source=GOLD).logits, pi(batch, source=GOLD).logits, FLOAT64_TOLERANCE)
 
 
-@needs_snli
 def test_predicted_transitions_fed_back_as_gold_give_the_same_encoding(snli, mixed):
     """The device-side stacks of the model's own choices address the memory as the host plan does."""
     model = build(SMALL, len(snli[2]), torch.float64)
@@ -456,7 +443,6 @@ def test_predicted_transitions_fed_back_as_gold_give_the_same_encoding(snli, mix
     assert_close(replayed.premise, predicted.premise, FLOAT64_TOLERANCE)
 
 
-@needs_snli
 @pytest.mark.parametrize("bias", [0.0, 8.0, -8.0])
 def test_predicted_transitions_are_always_legal(snli, bias):
     """Random weights, pushed towards SHIFT or REDUCE: every row still builds one tree over all its words."""

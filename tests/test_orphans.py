@@ -26,6 +26,7 @@ from spinn import children
 from spinn.cli import COMMANDS, main
 from tests.helpers import (
     SPINN_COMMAND,
+    TINY_MODEL,
     copy_store,
     kill_if_running,
     run_statuses,
@@ -130,7 +131,7 @@ def test_a_training_run_whose_parent_is_killed_stops_ends_its_mlflow_run_and_let
 
 
 FLOW_SETTINGS = {
-    "model": {"variant": "spinn", "d_hidden": 8, "d_tracker": 4, "mlp_dim": 8},
+    "model": {"variant": "spinn", **TINY_MODEL},
     "batch_size": 32,
     "max_steps": 100000,
     "max_epochs": 100000,

@@ -1,7 +1,7 @@
 """The test suite's own rules, read from its source: a newcomer finds each shared builder in one place.
 
 No test module imports another (shared builders live in tests/helpers.py, fixtures in
-tests/conftest.py), and every test file names its tier itself.
+tests/conftest.py), and ../shared, where the real SNLI files and Stanza models are, is spelled once.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 TEST_SOURCES = sorted(TESTS.glob("*.py"))
-TIERS = ("unit", "integration", "e2e")
+SHARED_PART = "".join(("sha", "red"))  # built, so that this file does not spell it
 
 
 def is_test_module(module: str) -> bool:
@@ -56,3 +56,18 @@ def test_the_check_sees_an_import_of_a_test_module(tmp_path, source):
     module = tmp_path / "test_example.py"
     module.write_text(f"def f():\n    {source}\n", encoding="utf-8")
     assert [line for line, _ in imports_of_test_modules(module)] == [2]
+
+
+def spells_the_shared_folder(path: Path) -> bool:
+    """Whether the file names ../shared itself (the string SHARED_PART as a path part)."""
+    return any(
+        isinstance(node, ast.Constant) and node.value == SHARED_PART
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+    )
+
+
+def test_the_shared_folder_is_spelled_once():
+    """The real SNLI files and Stanza models are found in one place (tests/helpers.py, SHARED); a test asks for
+    them through conftest's snli_* fixtures or helpers' stanza_dir(), which skip, saying why, where they are
+    absent."""
+    assert [path.name for path in TEST_SOURCES if spells_the_shared_folder(path)] == ["helpers.py"]
