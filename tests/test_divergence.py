@@ -1,4 +1,4 @@
-"""Issue 22, class 3: a model that is not finite is never checkpointed as best, registered or used to label."""
+"""A model that is not finite is never checkpointed as best, registered or used to label."""
 
 from __future__ import annotations
 

@@ -197,7 +197,7 @@ def test_rerun_skips_every_finished_stage_and_registers_nothing_new(project, fir
 
 
 def test_a_rerun_without_prefect_s_cache_record_reuses_the_finished_run(project, first_run, monkeypatch):
-    """Issue 24: another PREFECT_HOME, a cleared cache or another machine sharing data/ has no cache record;
+    """Another PREFECT_HOME, a cleared cache or another machine sharing data/ has no cache record;
     train then runs on the finished run's folder, which is the result instead of a refusal."""
     from flows import tasks
     from flows.train_spinn import train_spinn

@@ -1,5 +1,5 @@
-"""Issue 22, class 5: a sentence too long for the token limit is rejected as too_long, with its line, by every
-reader, before any tokenizer or tree reader sees it; and prepare keeps a UTF-8-BOM file's first row (class 7).
+"""A sentence too long for the token limit is rejected as too_long, with its line, by every
+reader, before any tokenizer or tree reader sees it; and prepare keeps a UTF-8-BOM file's first row.
 """
 
 from __future__ import annotations

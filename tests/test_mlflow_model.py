@@ -394,7 +394,7 @@ def test_only_a_model_that_labels_without_a_parser_has_its_example_checked_as_it
     variant, checked, tmp_path, monkeypatch
 ):
     """Logging a pi model predicted MLflow's input example, which loaded Stanza at training time (offline a
-    "could not download" warning, online a download of Stanza's models; issue 24). A spinn model's check is
+    "could not download" warning, online a download of Stanza's models). A spinn model's check is
     cheap and offline and still proves the logged model serves. Both keep the example MLflow's UI shows."""
     import mlflow
 

@@ -1,4 +1,4 @@
-"""Issue 32, class 1: a stage process ends with the process that started it, and its lock lives where its
+"""A stage process ends with the process that started it, and its lock lives where its
 orchestrator does not delete it.
 
 An orchestrator (`dvc repro`, a Prefect worker, a CI job) that is killed with SIGKILL leaves its stage running

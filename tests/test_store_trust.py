@@ -1,4 +1,4 @@
-"""Issue 32, class 3: the tracking store is trusted only for what it holds.
+"""The tracking store is trusted only for what it holds.
 
 A checkpoint names the MLflow run that trained it, but a file can be copied, edited or linked: `spinn
 evaluate` writes its scores into that run only when the checkpoint is the one the run logged (same

@@ -113,7 +113,7 @@ def test_best_pt_keeps_the_temperature_fitted_on_its_dev_logits_and_the_logged_m
 
 
 def test_the_dev_curve_holds_each_evaluation_once_at_its_own_step(prepared, workdir):
-    """Issue 34 item 4: the best model's dev scores, linked to the logged model, are the points its evaluation
+    """The best model's dev scores, linked to the logged model, are the points its evaluation
     logged, not a second dev_accuracy at step 0, where the curve in MLflow and dev_curve.csv began at its end."""
     import csv
 
@@ -363,7 +363,7 @@ def test_rng_states_restore_whatever_device_or_dtype_they_come_back_as():
 
 
 def test_run_names_say_the_variant_its_size_and_whether_the_data_is_the_synthetic_smoke_corpus(prepared, smoke_model):
-    """Issue 34 item 6: smoke runs were named `spinn snli_1.0_train <time>` like runs on real SNLI (the smoke
+    """Smoke runs were named `spinn snli_1.0_train <time>` like runs on real SNLI (the smoke
     corpus is laid out as snli_1.0.zip), so the runs table could not tell them apart."""
     from spinn.training.publish import default_run_name
 
@@ -542,7 +542,7 @@ def test_without_a_bar_training_prints_progress_lines(prepared, workdir, capsys)
 
 
 def test_without_a_terminal_the_commands_print_whole_current_lines_and_dev_time_apart(prepared, workdir):
-    """Issue 34 item 6: under DVC (stderr a file) `spinn train` drew a tqdm bar with carriage returns, its
+    """Under DVC (stderr a file) `spinn train` drew a tqdm bar with carriage returns, its
     postfix lagging, and its last line hid dev evaluation's time. Without a terminal: plain lines, each saying
     the speed since the last and the steps its loss covers; the last line gives both times."""
     from click.testing import CliRunner
@@ -589,7 +589,7 @@ def test_without_an_output_folder_each_distinct_run_trains_into_its_own(prepared
     assert first.best_checkpoint.parent != other.best_checkpoint.parent
     assert first.best_checkpoint.parent.parent == other.best_checkpoint.parent.parent == Path("data/runs")
     assert load_checkpoint(first.best_checkpoint).run_id == first.run_id
-    again = train(*paths, tiny_config(max_steps=1), register=False, progress=False)  # issue 24: reused
+    again = train(*paths, tiny_config(max_steps=1), register=False, progress=False)  # the same settings: reused
     assert (again.run_id, again.best_checkpoint) == (first.run_id, first.best_checkpoint)
 
 

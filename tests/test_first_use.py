@@ -1,4 +1,7 @@
-"""Issue 24, a newcomer's findings: each test fails on the code the newcomer tried."""
+"""What a first user meets: git ignores what runs write and keeps the metrics; eval_every follows the data; a
+finished run is reused, resumed or refused in one line; progress lines come on time; common gold columns and
+sidecars are recognised; downloads under DVC name their variables; a small inbox file still gives every worker
+a shard; the smoke run trains on one thread."""
 
 from __future__ import annotations
 
@@ -423,8 +426,7 @@ def test_a_pi_run_logs_no_rl_or_spinn_only_params() -> None:
 
 
 def test_the_smoke_run_trains_on_one_thread() -> None:
-    """Measured (issue 24 item 10): on two shared cores torch's two threads made the smoke run's 320 steps
-    take 86 s wall and most of its 76 CPU-s; on one thread they take seconds."""
+    """On two shared cores torch's threads wait on each other: the smoke run is quickest on one."""
     from flows.main import SMOKE_OVERRIDES
     from spinn.settings import nest
     from spinn.training.config import TrainConfig
