@@ -27,6 +27,7 @@ from spinn.settings import nest
 from spinn.tracking.register import version_description
 from spinn.training.evaluate import report_path
 from tests.helpers import (
+    TINY_MODEL,
     assert_the_thread_rule_ran,
     copy_checkout,
     copy_store,
@@ -40,9 +41,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SMALL_TRAINING = {
     "model.variant": "spinn",
-    "model.d_hidden": 16,
-    "model.d_tracker": 8,
-    "model.mlp_dim": 16,
+    **{f"model.{key}": value for key, value in TINY_MODEL.items()},
     "batch_size": 32,
     "max_steps": 2,
     "eval_every": 2,

@@ -1,18 +1,21 @@
 """The test suite's own rules, read from its source: a newcomer finds each shared builder in one place.
 
 No test module imports another (shared builders live in tests/helpers.py, fixtures in
-tests/conftest.py), and ../shared, where the real SNLI files and Stanza models are, is spelled once.
+tests/conftest.py), ../shared, where the real SNLI files and Stanza models are, is spelled once, and tiers
+are marked on the tests, not chosen by file name.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 TESTS = Path(__file__).resolve().parent
 TEST_SOURCES = sorted(TESTS.glob("*.py"))
+TEST_FILE = re.compile(r"test_\w+\.py")
 SHARED_PART = "".join(("sha", "red"))  # built, so that this file does not spell it
 
 
@@ -71,3 +74,15 @@ def test_the_shared_folder_is_spelled_once():
     them through conftest's snli_* fixtures or helpers' stanza_dir(), which skip, saying why, where they are
     absent."""
     assert [path.name for path in TEST_SOURCES if spells_the_shared_folder(path)] == ["helpers.py"]
+
+
+def test_tiers_come_from_the_tests_not_from_file_names():
+    """conftest names no test file: a test's tier is its own marker, its file's pytestmark or the fixtures it
+    uses, so a test moved to another file keeps its tier."""
+    conftest = ast.parse((TESTS / "conftest.py").read_text(encoding="utf-8"))
+    named = [
+        node.value
+        for node in ast.walk(conftest)
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and TEST_FILE.fullmatch(node.value)
+    ]
+    assert not named, f"tests/conftest.py picks tests by file name: {named}"
