@@ -22,6 +22,7 @@ from spinn.trees.transitions import (
     transitions_to_tree,
 )
 from spinn.trees.tree import Tree
+from tests.helpers import TINY
 
 GOLD = TransitionSource.GOLD
 
@@ -481,7 +482,7 @@ def test_bf16_autocast_keeps_fp32_cell_state():
 
 def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="cbow", d_embed=8, d_hidden=6, mlp_dim=10), random_vectors(50, 8)).eval()
+    model = SPINN(SPINNConfig(variant="cbow", **TINY), random_vectors(50, TINY["d_embed"])).eval()
     tokens = torch.tensor([[3, 4, 5], [6, 0, 0]])
     lengths = torch.tensor([3, 1])
     encoding = model.encode(tokens, lengths, GOLD)
@@ -493,7 +494,7 @@ def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
 
 def test_cbow_trains_every_parameter():
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="cbow", d_embed=8, d_hidden=6, mlp_dim=10), random_vectors(50, 8))
+    model = SPINN(SPINNConfig(variant="cbow", **TINY), random_vectors(50, TINY["d_embed"]))
     batch = make_batch([Example((3, 4), (0, 0, 1), (5,), (0,), 1), Example((6,), (0,), (7, 8), (0, 0, 1), 2)])
     spinn_loss(model(batch, source=GOLD), batch, model.config).total.backward()
     for name, parameter in model.named_parameters():
@@ -509,7 +510,8 @@ def test_training_steps_leave_no_graph_behind():
     from spinn.model.thin_stack_forward import _Loop as _Memory
 
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="spinn", d_embed=8, d_hidden=6, d_tracker=5, mlp_dim=10), random_vectors(50, 8))
+    config = SPINNConfig(variant="spinn", **{**TINY, "use_batch_norm": False})  # one pair: batch norm needs two
+    model = SPINN(config, random_vectors(50, TINY["d_embed"]))
     batch = make_batch([Example((3, 4, 5), (0, 0, 1, 0, 1), (6, 7), (0, 0, 1), 1)])
     gc.collect()
     before = sum(type(item) is _Memory for item in gc.get_objects())
