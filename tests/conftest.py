@@ -327,13 +327,20 @@ def smoke_store(smoke_model, tmp_path, monkeypatch) -> str:
     return uri
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rl_checkpoint(smoke_model, tmp_path_factory, migrated_store) -> Path:
-    """A tiny rl model trained a few steps on the smoke splits: it labels on the trees it builds itself."""
+    """A tiny rl model trained a few steps on the smoke splits: it labels on the trees it builds itself. Built
+    once per test run, as the smoke model is; the tests only read it."""
+    root = built_once(
+        shared_folder(tmp_path_factory) / "rl-model", lambda root: _build_rl(root, smoke_model, migrated_store)
+    )
+    return root / "models" / "best.pt"
+
+
+def _build_rl(root: Path, smoke_model: SmokeModel, migrated_store: Path) -> None:
     from spinn.training.config import TrainConfig
     from spinn.training.train import train
 
-    root = tmp_path_factory.mktemp("rl-model")
     config = TrainConfig.build(
         {
             "model": {"variant": "rl", **TINY_MODEL},
@@ -358,4 +365,4 @@ def rl_checkpoint(smoke_model, tmp_path_factory, migrated_store) -> Path:
             register=False,
             progress=False,
         )
-    return result.best_checkpoint
+    assert result.best_checkpoint == root / "models" / "best.pt", result.best_checkpoint
