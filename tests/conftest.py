@@ -153,55 +153,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: file_rank[item.path])
 
 
-# ----------------------------------------------------------------------------- real SNLI pairs prepared for training
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, snli_train_sample, snli_dev) -> Path:
-    """train: the 1,024 real training pairs; dev: the first PREPARED_DEV_PAIRS real dev pairs; vocab beside them."""
-    from spinn.data.prepare import prepare
-    from spinn.data.vocab import vocab_stage
-
-    folder = tmp_path_factory.mktemp("prepared")
-    prepare(snli_train_sample, folder, split="train")
-    with gzip.open(snli_dev, "rt", encoding="utf-8") as stream:
-        lines = [next(stream) for _ in range(PREPARED_DEV_PAIRS)]
-    (folder / "source").mkdir()
-    (folder / "source" / "dev.jsonl").write_text("".join(lines), encoding="utf-8")
-    prepare(folder / "source" / "dev.jsonl", folder)
-    vocab_stage(folder / "train.parquet")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def aligned(tmp_path_factory, prepared) -> Path:
-    """The prepared vocabulary's GloVe vectors, aligned once for the module (a data/embeddings folder)."""
-    from spinn.data.embeddings import embeddings_stage
-
-    folder = tmp_path_factory.mktemp("embeddings")
-    embeddings_stage(prepared / "vocab.json", cache_dir=folder, progress=False)
-    return folder
-
-
-@pytest.fixture
-def fresh_workdir(tmp_path, monkeypatch, aligned) -> Path:
-    """A project folder (the working folder) with no MLflow store yet, and a copy of the aligned vectors in
-    data/embeddings, where train looks by default."""
-    from spinn.data.embeddings import DEFAULT_CACHE_DIR
-
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    shutil.copytree(aligned, tmp_path / DEFAULT_CACHE_DIR)
-    return tmp_path
-
-
-@pytest.fixture
-def workdir(fresh_workdir, migrated_store) -> Path:
-    """The project folder with its own copy of the migrated MLflow store: no test here pays the migration."""
-    copy_store(migrated_store, fresh_workdir / "mlflow.db")
-    return fresh_workdir
-
-
 # ----------------------------------------------------------------------------- built once per test run
 
 
@@ -366,3 +317,58 @@ def _build_rl(root: Path, smoke_model: SmokeModel, migrated_store: Path) -> None
             progress=False,
         )
     assert result.best_checkpoint == root / "models" / "best.pt", result.best_checkpoint
+
+
+# ----------------------------------------------------------------------------- real SNLI pairs prepared for training
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, snli_train_sample, snli_dev) -> Path:
+    """train: the 1,024 real training pairs; dev: the first PREPARED_DEV_PAIRS real dev pairs; vocab beside them.
+    Built once per test run; the tests only read it."""
+    return built_once(
+        shared_folder(tmp_path_factory) / "snli-prepared", lambda folder: _prepare(folder, snli_train_sample, snli_dev)
+    )
+
+
+def _prepare(folder: Path, snli_train_sample: Path, snli_dev: Path) -> None:
+    from spinn.data.prepare import prepare
+    from spinn.data.vocab import vocab_stage
+
+    prepare(snli_train_sample, folder, split="train")
+    with gzip.open(snli_dev, "rt", encoding="utf-8") as stream:
+        lines = [next(stream) for _ in range(PREPARED_DEV_PAIRS)]
+    (folder / "source").mkdir()
+    (folder / "source" / "dev.jsonl").write_text("".join(lines), encoding="utf-8")
+    prepare(folder / "source" / "dev.jsonl", folder)
+    vocab_stage(folder / "train.parquet")
+
+
+@pytest.fixture(scope="session")
+def aligned(tmp_path_factory, prepared) -> Path:
+    """The prepared vocabulary's GloVe vectors (a data/embeddings folder), aligned once per test run."""
+    from spinn.data.embeddings import embeddings_stage
+
+    return built_once(
+        shared_folder(tmp_path_factory) / "snli-embeddings",
+        lambda folder: embeddings_stage(prepared / "vocab.json", cache_dir=folder, progress=False),
+    )
+
+
+@pytest.fixture
+def fresh_workdir(tmp_path, monkeypatch, aligned) -> Path:
+    """A project folder (the working folder) with no MLflow store yet, and a copy of the aligned vectors in
+    data/embeddings, where train looks by default."""
+    from spinn.data.embeddings import DEFAULT_CACHE_DIR
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    shutil.copytree(aligned, tmp_path / DEFAULT_CACHE_DIR)
+    return tmp_path
+
+
+@pytest.fixture
+def workdir(fresh_workdir, migrated_store) -> Path:
+    """The project folder with its own copy of the migrated MLflow store: no test here pays the migration."""
+    copy_store(migrated_store, fresh_workdir / "mlflow.db")
+    return fresh_workdir
