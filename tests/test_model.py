@@ -312,6 +312,7 @@ def test_gradcheck_float64(variant):
     examples, vocab_size = tiny_examples()
     # rl: the REINFORCE surrogate holds the reward fixed (detached), so finite differences of it are not its
     # gradient; its own test checks it (tests/test_policy.py). Here: the sampled trees' exact gradients.
+    # Smaller than helpers' TINY: gradcheck runs two forwards for every parameter element.
     config = SPINNConfig(
         variant=variant,
         d_embed=3,
@@ -362,6 +363,7 @@ def test_repeated_backward_through_one_graph():
 
 def test_overfits_sixteen_real_pairs(snli):
     _, examples, vocabulary = snli
+    # wider than helpers' TINY: enough capacity to memorise sixteen real pairs in a few steps
     config = SPINNConfig(variant="spinn", d_embed=32, d_hidden=32, d_tracker=16, mlp_dim=64)
     model = build(config, len(vocabulary)).train()
     batch = make_batch(examples[:16])
