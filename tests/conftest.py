@@ -124,8 +124,6 @@ def prefect_api() -> Iterator[str]:
 # ----------------------------------------------------------------------------- tiers
 
 UNIT, INTEGRATION, E2E = "unit", "integration", "e2e"
-TIER_RANK = {E2E: 0, INTEGRATION: 1, UNIT: 2}
-"""The long tiers first: xdist hands out files in this order, so no worker is left with a long tail."""
 INTEGRATION_FIXTURES = frozenset(
     {"smoke_model", "smoke_store", "mlflow_store", "prefect_api", "server"}
     | {"snli_dev", "snli_test", "snli_train_sample"}
@@ -142,14 +140,20 @@ def tier(item: pytest.Item) -> str:
     return UNIT
 
 
+def rank(item: pytest.Item) -> int:
+    """How early the test's file starts: a file marked e2e, then one marked integration, then the rest (the
+    marked files hold the long tests)."""
+    return 0 if item.get_closest_marker(E2E) else 1 if item.get_closest_marker(INTEGRATION) else 2
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give each test its tier, and start the files with the longest tiers first. The sort is stable and by
-    file, so a file's tests stay together and in their order."""
+    """Give each test its tier, and start the longest files first (xdist hands out files in this order, so no
+    worker is left with a long tail). The sort is stable and by file, so a file's tests stay together and in
+    their order."""
     file_rank: dict[Path, int] = {}
     for item in items:
-        rank = TIER_RANK[tier(item)]
+        file_rank[item.path] = min(rank(item), file_rank.get(item.path, rank(item)))
         item.add_marker(tier(item))
-        file_rank[item.path] = min(rank, file_rank.get(item.path, rank))
     items.sort(key=lambda item: file_rank[item.path])
 
 
