@@ -123,7 +123,7 @@ def prefect_api() -> Iterator[str]:
 
 # ----------------------------------------------------------------------------- tiers
 
-UNIT, INTEGRATION, E2E = "unit", "integration", "e2e"
+UNIT, INTEGRATION, E2E, SLOW = "unit", "integration", "e2e", "slow"
 INTEGRATION_FIXTURES = frozenset(
     {"smoke_model", "smoke_store", "mlflow_store", "prefect_api", "server"}
     | {"snli_dev", "snli_test", "snli_train_sample"}
@@ -141,9 +141,11 @@ def tier(item: pytest.Item) -> str:
 
 
 def rank(item: pytest.Item) -> int:
-    """How early the test's file starts: a file marked e2e, then one marked integration, then the rest (the
-    marked files hold the long tests)."""
-    return 0 if item.get_closest_marker(E2E) else 1 if item.get_closest_marker(INTEGRATION) else 2
+    """How early the test's file starts: a file marked e2e, then one marked integration or holding a slow test,
+    then the rest (a long test started last would leave one worker running it alone)."""
+    if item.get_closest_marker(E2E):
+        return 0
+    return 1 if item.get_closest_marker(INTEGRATION) or item.get_closest_marker(SLOW) else 2
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
