@@ -19,8 +19,7 @@ workers, the torchrun ranks, the MLflow pyfunc) decides its torch threads here:
   is run as given, up to MOST_THREADS_PER_CORE per usable core;
 - OpenMP's wait: torch's OpenMP threads spin while they wait for each other,
   which pays on idle cores, and when a core they wait for is taken each wait
-  lasts the neighbour's whole time slice. Two threads beside one busy process
-  per core labelled at 29% of their idle speed, one thread at 54% (2 cores);
+  lasts the neighbour's whole time slice (README's labelling measurements);
   so `auto` takes no core another process keeps busy, and `import spinn` sets
   a short spin (OPENMP_WAIT) for the OpenMP runtime torch loads after it,
   unless the user set OpenMP's wait.

@@ -4,9 +4,11 @@ Telemetry is switched off and every tool home points inside a temporary folder
 before any test imports Prefect, MLflow, DVC or Stanza, so the default test
 command needs no environment of its own.
 
-Tiers: every test gets one of `unit`, `integration` or `e2e` (by its file, or by
-the fixtures it uses), and `stanza` where it runs Stanza, so that
-`scripts/test -m "not e2e and not stanza"` is the local loop.
+Tiers: a test file marks its tier (`pytestmark = pytest.mark.e2e` or `integration`;
+`stanza` where it runs Stanza, `slow` where it takes long), a test may mark its own;
+an unmarked test that uses a real store, server, SNLI file or trained model is
+`integration`, any other `unit`. `scripts/test -m "not e2e and not stanza and not slow"`
+is the local loop.
 
 Built once, copied per test: the smoke corpus, its prepared splits, vocabulary,
 aligned embeddings, a migrated MLflow store and a small trained model are built
@@ -17,6 +19,7 @@ no test pays MLflow's migration.
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import tempfile
@@ -28,6 +31,15 @@ import pytest
 from filelock import FileLock
 
 import spinn  # noqa: F401  (before any test loads torch: OpenMP's wait as every spinn process has it)
+from tests.helpers import (
+    PREPARED_DEV_PAIRS,
+    SMOKE_REGISTERED,
+    SMOKE_TRAINING,
+    STANZA_DIR,
+    TINY_MODEL,
+    copy_store,
+    snli_file,
+)
 from tests.httpserver import LocalServer
 
 _TOOL_HOME = Path(tempfile.mkdtemp(prefix="spinn-tests-"))
@@ -41,33 +53,23 @@ for _name, _value in {
 }.items():
     os.environ.setdefault(_name, _value)
 
-SHARED = Path(__file__).resolve().parents[2] / "shared"
-SNLI_DIR = SHARED / "data" / "snli"
-STANZA_DIR = SHARED / "stanza" / "stanza_resources"
 os.environ.setdefault("STANZA_RESOURCES_DIR", str(STANZA_DIR))
 PREFECT_STARTUP_TIMEOUT_S = 120
 
 
-def _shared_file(name: str) -> Path:
-    path = SNLI_DIR / name
-    if not path.exists():
-        pytest.skip(f"real SNLI file {path} is absent (../shared is not beside this checkout)")
-    return path
-
-
 @pytest.fixture(scope="session")
 def snli_dev() -> Path:
-    return _shared_file("snli_1.0_dev.jsonl.gz")
+    return snli_file("snli_1.0_dev.jsonl.gz")
 
 
 @pytest.fixture(scope="session")
 def snli_test() -> Path:
-    return _shared_file("snli_1.0_test.jsonl.gz")
+    return snli_file("snli_1.0_test.jsonl.gz")
 
 
 @pytest.fixture(scope="session")
 def snli_train_sample() -> Path:
-    return _shared_file("snli_1.0_train_first1024.jsonl.gz")
+    return snli_file("snli_1.0_train_first1024.jsonl.gz")
 
 
 @pytest.fixture(autouse=True)
@@ -121,47 +123,40 @@ def prefect_api() -> Iterator[str]:
 
 # ----------------------------------------------------------------------------- tiers
 
-UNIT, INTEGRATION, E2E, STANZA = "unit", "integration", "e2e", "stanza"
-E2E_FILES = frozenset({"test_repo.py", "test_flows.py", "test_dvc.py", "test_label_flow.py", "test_rl_pipeline.py"})
-"""Front doors end to end: README's commands, the Prefect flows and deployments, DVC, the CLI pipeline."""
-INTEGRATION_FILES = frozenset(
-    {"test_train.py", "test_tracking.py", "test_cli.py", "test_errors.py", "test_distributed.py", "test_download.py"}
-)
-"""Stages and stores for real: training with MLflow, the CLI in subprocesses, torchrun, loopback downloads."""
+UNIT, INTEGRATION, E2E, SLOW = "unit", "integration", "e2e", "slow"
 INTEGRATION_FIXTURES = frozenset(
     {"smoke_model", "smoke_store", "mlflow_store", "prefect_api", "server"}
     | {"snli_dev", "snli_test", "snli_train_sample"}
 )
-"""A unit test that uses any of these reaches a real store, server, file set or trained model."""
-STANZA_FILES = frozenset({"test_parse.py", "test_parse_stage.py"})
+"""A test that uses any of these reaches a real store, server, file set or trained model."""
 
 
 def tier(item: pytest.Item) -> str:
-    """The one tier of a test: an explicit marker, else its file, else the fixtures it uses."""
-    file = item.path.name
-    if item.get_closest_marker(E2E) or file in E2E_FILES:
+    """The one tier of a test: its own marker (or its file's pytestmark), else the fixtures it uses, else unit."""
+    if item.get_closest_marker(E2E):
         return E2E
-    if item.get_closest_marker(INTEGRATION) or file in INTEGRATION_FILES:
-        return INTEGRATION
-    if INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
+    if item.get_closest_marker(INTEGRATION) or INTEGRATION_FIXTURES & set(getattr(item, "fixturenames", ())):
         return INTEGRATION
     return UNIT
 
 
-def file_rank(item: pytest.Item) -> int:
-    """The long files first: e2e, then integration, then the rest (xdist hands out files in this order)."""
-    file = item.path.name
-    return 0 if file in E2E_FILES else 1 if file in INTEGRATION_FILES else 2
+def rank(item: pytest.Item) -> int:
+    """How early the test's file starts: a file marked e2e, then one marked integration or holding a slow test,
+    then the rest (a long test started last would leave one worker running it alone)."""
+    if item.get_closest_marker(E2E):
+        return 0
+    return 1 if item.get_closest_marker(INTEGRATION) or item.get_closest_marker(SLOW) else 2
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Give each test its tier, and start the longest files first so that no worker is left with a long tail.
-    The sort is stable and by file, so a file's tests stay together and in their order."""
+    """Give each test its tier, and start the longest files first (xdist hands out files in this order, so no
+    worker is left with a long tail). The sort is stable and by file, so a file's tests stay together and in
+    their order."""
+    file_rank: dict[Path, int] = {}
     for item in items:
+        file_rank[item.path] = min(rank(item), file_rank.get(item.path, rank(item)))
         item.add_marker(tier(item))
-        if item.path.name in STANZA_FILES:
-            item.add_marker(STANZA)
-    items.sort(key=file_rank)
+    items.sort(key=lambda item: file_rank[item.path])
 
 
 # ----------------------------------------------------------------------------- built once per test run
@@ -216,13 +211,6 @@ def _build_migrated_store(folder: Path) -> None:
         migrate_store(folder / MIGRATED_STORE)
 
 
-def copy_store(migrated: Path, database: Path) -> str:
-    """A fresh-but-migrated store at `database`; its tracking URI."""
-    database.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(migrated, database)
-    return f"sqlite:///{database}"
-
-
 @pytest.fixture
 def mlflow_store(migrated_store, tmp_path, monkeypatch) -> Path:
     """tmp_path/mlflow.db, a copy of the migrated store, as MLFLOW_TRACKING_URI; tmp_path is the working folder
@@ -245,21 +233,6 @@ class SmokeModel:
     archive: Path
     tracking_uri: str
     registered: str
-
-
-SMOKE_REGISTERED = "label-test"
-SMOKE_TRAINING = {
-    "model": {"variant": "spinn", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
-    "batch_size": 32,
-    "max_steps": 40,
-    "eval_every": 20,
-    "log_every": 10,
-    "checkpoint_every": 20,
-    "device": "cpu",
-    "threads": 1,
-    "experiment": SMOKE_REGISTERED,
-    "registered_model": SMOKE_REGISTERED,
-}
 
 
 @pytest.fixture(scope="session")
@@ -311,16 +284,23 @@ def smoke_store(smoke_model, tmp_path, monkeypatch) -> str:
     return uri
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def rl_checkpoint(smoke_model, tmp_path_factory, migrated_store) -> Path:
-    """A tiny rl model trained a few steps on the smoke splits: it labels on the trees it builds itself."""
+    """A tiny rl model trained a few steps on the smoke splits: it labels on the trees it builds itself. Built
+    once per test run, as the smoke model is; the tests only read it."""
+    root = built_once(
+        shared_folder(tmp_path_factory) / "rl-model", lambda root: _build_rl(root, smoke_model, migrated_store)
+    )
+    return root / "models" / "best.pt"
+
+
+def _build_rl(root: Path, smoke_model: SmokeModel, migrated_store: Path) -> None:
     from spinn.training.config import TrainConfig
     from spinn.training.train import train
 
-    root = tmp_path_factory.mktemp("rl-model")
     config = TrainConfig.build(
         {
-            "model": {"variant": "rl", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+            "model": {"variant": "rl", **TINY_MODEL},
             "batch_size": 32,
             "max_steps": 6,
             "eval_every": 6,
@@ -342,4 +322,59 @@ def rl_checkpoint(smoke_model, tmp_path_factory, migrated_store) -> Path:
             register=False,
             progress=False,
         )
-    return result.best_checkpoint
+    assert result.best_checkpoint == root / "models" / "best.pt", result.best_checkpoint
+
+
+# ----------------------------------------------------------------------------- real SNLI pairs prepared for training
+
+
+@pytest.fixture(scope="session")
+def prepared(tmp_path_factory, snli_train_sample, snli_dev) -> Path:
+    """train: the 1,024 real training pairs; dev: the first PREPARED_DEV_PAIRS real dev pairs; vocab beside them.
+    Built once per test run; the tests only read it."""
+    return built_once(
+        shared_folder(tmp_path_factory) / "snli-prepared", lambda folder: _prepare(folder, snli_train_sample, snli_dev)
+    )
+
+
+def _prepare(folder: Path, snli_train_sample: Path, snli_dev: Path) -> None:
+    from spinn.data.prepare import prepare
+    from spinn.data.vocab import vocab_stage
+
+    prepare(snli_train_sample, folder, split="train")
+    with gzip.open(snli_dev, "rt", encoding="utf-8") as stream:
+        lines = [next(stream) for _ in range(PREPARED_DEV_PAIRS)]
+    (folder / "source").mkdir()
+    (folder / "source" / "dev.jsonl").write_text("".join(lines), encoding="utf-8")
+    prepare(folder / "source" / "dev.jsonl", folder)
+    vocab_stage(folder / "train.parquet")
+
+
+@pytest.fixture(scope="session")
+def aligned(tmp_path_factory, prepared) -> Path:
+    """The prepared vocabulary's GloVe vectors (a data/embeddings folder), aligned once per test run."""
+    from spinn.data.embeddings import embeddings_stage
+
+    return built_once(
+        shared_folder(tmp_path_factory) / "snli-embeddings",
+        lambda folder: embeddings_stage(prepared / "vocab.json", cache_dir=folder, progress=False),
+    )
+
+
+@pytest.fixture
+def fresh_workdir(tmp_path, monkeypatch, aligned) -> Path:
+    """A project folder (the working folder) with no MLflow store yet, and a copy of the aligned vectors in
+    data/embeddings, where train looks by default."""
+    from spinn.data.embeddings import DEFAULT_CACHE_DIR
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    shutil.copytree(aligned, tmp_path / DEFAULT_CACHE_DIR)
+    return tmp_path
+
+
+@pytest.fixture
+def workdir(fresh_workdir, migrated_store) -> Path:
+    """The project folder with its own copy of the migrated MLflow store: no test here pays the migration."""
+    copy_store(migrated_store, fresh_workdir / "mlflow.db")
+    return fresh_workdir

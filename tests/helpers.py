@@ -1,9 +1,10 @@
-"""Builders that several test modules share (test modules import them from here, never from one another):
-the `spinn` executable and a tiny training command, the smoke corpus's pairs as plain rows, files of rows, the
-offline Stanza set, hand-written two-way corpus files (GLUE, HANS, SciTail), the one-error-line check, damaged
-label runs, the label flow's Prefect records, the process checks of the kill tests, and the thread rule's
-trace (spinn/cores.py) that the end-to-end tests read, and tiny float64 models with seeded synthetic batches
-(no ../shared needed) for the encoder tests."""
+"""Builders that several test modules share (test modules import them from here, never from one another;
+tests/test_layers.py checks it): where ../shared's real SNLI files and Stanza models are, the `spinn`
+executable, the one tiny training model and its command, a migrated MLflow store's copy, a copy of the
+checkout, README's commands, the smoke corpus's pairs as plain rows, files of rows, hand-written two-way corpus
+files (GLUE, HANS, SciTail), the one-error-line check, damaged label runs, the label flow's Prefect records, the
+process checks of the kill tests, the thread rule's trace (spinn/cores.py) that the end-to-end tests read, and
+tiny float64 models with seeded synthetic batches (no ../shared needed) for the encoder tests."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import csv
 import json
 import os
 import random
+import re
+import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -28,13 +32,152 @@ from spinn.model.batch import Batch, make_batch
 from spinn.model.config import TREE_VARIANTS, SPINNConfig, TransitionSource
 from spinn.model.policy import draw_uniforms
 from spinn.model.spinn import SPINN, random_vectors
+from spinn.training.config import TrainConfig
 from spinn.trees.transitions import REDUCE, SHIFT
 
+ROOT = Path(__file__).resolve().parents[1]
+"""This checkout."""
+README = ROOT / "README.md"
+SHARED = ROOT.parent / "shared"
+"""The real data and models beside the checkout (../shared): absent, the tests that need them skip."""
+SNLI_DIR = SHARED / "data" / "snli"
+STANZA_DIR = SHARED / "stanza" / "stanza_resources"
+RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
+"""Release 0.1.0's checkpoint, vocabulary, config, pairs and predictions, as that release wrote them."""
 SPINN_COMMAND = Path(sys.executable).with_name("spinn")
 """The `spinn` executable of the environment running the tests."""
+CLI_TIMEOUT_S = 300
 POLL_S = 0.1
-TINY_TRAIN_SETTINGS = ("model.d_hidden=8", "model.d_tracker=4", "model.mlp_dim=8", "threads=1")
-"""A model small enough that a step takes milliseconds: what the process tests need is a run, not a result."""
+TINY_MODEL = {"d_hidden": 16, "d_tracker": 8, "mlp_dim": 32, "mlp_layers": 1}
+"""The one tiny model every training test runs: a step takes milliseconds, and a dozen steps on the 1,024 real
+pairs still learn enough to beat a run that learns nothing (test_train's alias test needs that; half the width
+does not)."""
+TINY_MODEL_SETTINGS = tuple(f"model.{key}={value}" for key, value in TINY_MODEL.items())
+"""TINY_MODEL as a command's --set settings."""
+TINY_TRAIN_SETTINGS = (*TINY_MODEL_SETTINGS, "threads=1")
+PREPARED_DEV_PAIRS = 120
+"""The real dev pairs that the `snli_prepared` fixture prepares (one of them has gold '-')."""
+
+SMOKE_REGISTERED = "label-test"
+SMOKE_TRAINING = {
+    "model": {"variant": "spinn", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+    "batch_size": 32,
+    "max_steps": 40,
+    "eval_every": 20,
+    "log_every": 10,
+    "checkpoint_every": 20,
+    "device": "cpu",
+    "threads": 1,
+    "experiment": SMOKE_REGISTERED,
+    "registered_model": SMOKE_REGISTERED,
+}
+"""The smoke model the labelling tests share (conftest's smoke_model): its own width, the one their expectations
+were written against; it trains once per run, so the size costs seconds once."""
+
+
+def snli_file(name: str) -> Path:
+    """A real SNLI file in ../shared/data/snli; the test skips, saying so, where it is absent."""
+    path = SNLI_DIR / name
+    if not path.exists():
+        pytest.skip(f"real SNLI file {path} is absent (../shared is not beside this checkout)")
+    return path
+
+
+def stanza_dir() -> Path:
+    """The offline Stanza models in ../shared; the test skips, saying so, where they are absent."""
+    if not STANZA_DIR.is_dir():
+        pytest.skip(f"the offline Stanza models {STANZA_DIR} are absent (../shared is not beside this checkout)")
+    return STANZA_DIR
+
+
+def spinn(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`spinn ARGS` in a subprocess, as a user runs it."""
+    return subprocess.run([str(SPINN_COMMAND), *args], capture_output=True, text=True, cwd=cwd, timeout=CLI_TIMEOUT_S)
+
+
+def tiny_config(**settings) -> TrainConfig:
+    """The tiny model that logs every step, and evaluates and checkpoints once, at its last step (unless told)."""
+    last_step = settings.get("max_steps", 1)
+    base = {
+        "model": {"variant": "spinn", **TINY_MODEL},
+        "batch_size": 16,
+        "seed": 7,
+        "device": "cpu",
+        "log_every": 1,
+        "eval_every": last_step,
+        "checkpoint_every": last_step,
+        "threads": 1,
+    }
+    base.update(settings)
+    return TrainConfig.build(base)
+
+
+def copy_store(migrated: Path, database: Path) -> str:
+    """A fresh-but-migrated MLflow store at `database` (a copy of the `migrated_store` fixture's); its URI."""
+    database.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(migrated, database)
+    return f"sqlite:///{database}"
+
+
+def copy_checkout(destination: Path) -> Path:
+    """A copy of this checkout as a user's clone has it, for tests that run the project's own commands (DVC,
+    `prefect deploy`, README's): the files git would see here (tracked, or untracked and not ignored), without
+    any data/, so this checkout stays clean and each test owns its data/."""
+    listing = subprocess.run(
+        ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
+    for name in filter(None, listing.split("\0")):
+        source = ROOT / name
+        if name.startswith("data/") or not source.is_file():  # listed but deleted in the working tree
+            continue
+        target = destination / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+    return destination
+
+
+BASH_BLOCK = r"```bash\n(.+?)\n```"
+
+
+def readme_block(heading: str, marker: str) -> str:
+    """The first ```bash block under `heading` in README whose command contains `marker`."""
+    section = README.read_text(encoding="utf-8").split(heading, 1)[1]
+    for block in re.findall(BASH_BLOCK, section, re.DOTALL):
+        if marker in block:
+            return block.strip()
+    raise AssertionError(f"no command with {marker!r} under {heading!r} in README.md")
+
+
+def register_as_release_0_1_0(uri: str, tags: dict[str, str] | None = None, description: str = "") -> None:
+    """Register the release's model in the store at `uri` as 0.1.0 did: its files logged under the run's
+    `model/` folder, that folder registered as version 1 of `spinn`, @champion on it."""
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_experiment("release-0.1.0")
+    with mlflow.start_run() as run:
+        for name in ("checkpoint.pt", "vocab.json", "config.json"):
+            mlflow.log_artifact(str(RELEASE / name), artifact_path="model")
+    client = mlflow.MlflowClient()
+    client.create_registered_model("spinn")
+    version = client.create_model_version(
+        "spinn", f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags=tags, description=description
+    )
+    client.set_registered_model_alias("spinn", "champion", version.version)
+
+
+def snli_line(pair_id: str) -> str:
+    """One well-formed SNLI JSON line of id `pair_id`."""
+    return json.dumps(
+        {
+            "gold_label": "entailment",
+            "pairID": pair_id,
+            "sentence1": "A dog runs.",
+            "sentence1_binary_parse": "( ( A dog ) ( runs . ) )",
+            "sentence2": "Animals move.",
+            "sentence2_binary_parse": "( Animals ( move . ) )",
+        }
+    )
 
 
 def one_error_line(stderr: str) -> str:
@@ -43,6 +186,11 @@ def one_error_line(stderr: str) -> str:
     errors = [line for line in stderr.strip().splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and stderr.strip().endswith(errors[0]) and "Traceback" not in stderr, stderr
     return errors[0]
+
+
+def set_options(settings: tuple[str, ...] | list[str]) -> list[str]:
+    """KEY=VALUE settings as a command's `--set KEY=VALUE` options."""
+    return [word for setting in settings for word in ("--set", setting)]
 
 
 def tiny_train_arguments(prepared: Path, output_dir: Path, *settings: str) -> list[str]:
@@ -122,13 +270,6 @@ def run_statuses(uri: str) -> list[str]:
     client = mlflow.MlflowClient(uri)
     experiments = [experiment.experiment_id for experiment in client.search_experiments()]
     return [run.info.status for run in client.search_runs(experiments)]
-
-
-def stanza_dir() -> Path:
-    folder = Path(__file__).resolve().parents[2] / "shared" / "stanza" / "stanza_resources"
-    if not folder.is_dir():
-        pytest.skip(f"the offline Stanza models {folder} are absent (../shared is not beside this checkout)")
-    return folder
 
 
 def smoke_pairs(smoke_model, count: int) -> list[dict]:

@@ -18,9 +18,6 @@ from spinn.errors import SpinnError
 from spinn.model.batch import BUCKET_NOISE, bucket_batches, make_batch, padding_fraction
 from spinn.trees.transitions import PAD_TRANSITION, Transition, check_transitions, read_binary_parse
 
-SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
-needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
-
 S, R = Transition.SHIFT, Transition.REDUCE
 RECORDS = [
     {
@@ -194,9 +191,8 @@ def test_vocabulary_and_encoding():
     assert encoded.premise_transitions == (S, S, R) and encoded.label == 0
 
 
-@needs_snli
-def test_real_dev_split_reads_and_batches():
-    pairs = read_raw_pairs(SNLI_DEV)
+def test_real_dev_split_reads_and_batches(snli_dev):
+    pairs = read_raw_pairs(snli_dev)
     assert len(pairs) == 10_000 - 158
     examples = encode_pairs(pairs, corpus_vocabulary(pairs))
     batch = make_batch([examples[i] for i in bucket_batches(examples, 64, seed=0)[0]])

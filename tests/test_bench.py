@@ -16,7 +16,6 @@ from spinn.errors import SpinnError
 from spinn.trees.transitions import read_binary_parse
 
 ROOT = Path(__file__).resolve().parents[1]
-SNLI_DEV = ROOT.parent / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
 TINY = dict(d_hidden=8, d_tracker=4, d_embed=6, batch_size=5, steps=2, warmup=1)  # batch = the whole corpus
 PARSES = [
     ("( ( A dog ) ( runs . ) )", "( ( An animal ) moves )", "entailment"),
@@ -172,9 +171,8 @@ def test_missing_corpus_is_a_user_error(tmp_path):
         bench(tmp_path / "nothing.jsonl", **TINY)
 
 
-@pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
-def test_real_dev_trees(tmp_path):
-    result = bench(SNLI_DEV, **{**TINY, "batch_size": 32})
+def test_real_dev_trees(snli_dev, tmp_path):
+    result = bench(snli_dev, **{**TINY, "batch_size": 32})
     assert result["pairs"] == 10_000 - 158
     assert 0 < result["mean_padding_fraction"] < 0.5
 

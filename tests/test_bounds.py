@@ -1,4 +1,4 @@
-"""Issue 32, class 5: every bound has a bound. A size no machine here can hold (a token limit, a model's
+"""Every bound has a bound. A size no machine here can hold (a token limit, a model's
 width) is one `error:` line before any work, from what the machine's memory holds; extracting or reading a
 zip archive is bounded (its members' total size and compression ratio); a rejects file keeps a bounded
 excerpt of a long raw line, with the line's length.

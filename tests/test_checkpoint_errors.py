@@ -1,4 +1,4 @@
-"""Issue 22, class 6: a checkpoint torch refuses, or one whose weights do not fit its config, is said in one
+"""A checkpoint torch refuses, or one whose weights do not fit its config, is said in one
 line the user can act on (spinn.errors.refused_checkpoint, misfit_weights), on real torch failures.
 
 The model loaders call these where torch fails (spinn/model: after the split of that package lands).

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
+from tests.helpers import spinn
 
-def spinn(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    command = [str(Path(sys.executable).with_name("spinn")), *args]
-    return subprocess.run(command, capture_output=True, text=True, cwd=cwd, timeout=300)
+pytestmark = pytest.mark.integration
 
 
 def test_help_lists_the_stages():
@@ -81,11 +77,11 @@ def test_a_missing_input_is_reported_before_any_model_or_parser_is_fetched(comma
 
 
 @pytest.mark.slow
-def test_prepare_real_dev_and_test(snli_dev, snli_test, tmp_path):
-    for path in (snli_dev, snli_test):
-        result = spinn("prepare", str(path), "--output-dir", str(tmp_path))
-        assert result.returncode == 0, result.stderr
-    assert sorted(p.name for p in tmp_path.glob("*.parquet")) == ["dev.parquet", "test.parquet"]
+def test_prepare_real_test(snli_test, tmp_path):
+    """The real test split through the command; dev's is test_prepare's test_real_snli_dev, in-process."""
+    result = spinn("prepare", str(snli_test), "--output-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.glob("*.parquet")) == ["test.parquet"]
 
 
 def test_bench_prints_one_json_line(snli_dev):

@@ -1,4 +1,4 @@
-"""Issue 22, class 5: a full disk that no stage translated (a checkpoint writer, the MLflow store's SQLite) is
+"""A full disk that no stage translated (a checkpoint writer, the MLflow store's SQLite) is
 one `error:` line from the CLI's one handler, which every command runs under."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ FULL = {
         r"error: no space left on \S+ \(mounted at /\S*\) writing the MLflow store \S*mlflow\.db \(database",
     ),
 }
-"""Each names the device and the file (issue 32, class 10: neither was named)."""
+"""Each names the device and the file."""
 
 
 def failing_command(monkeypatch, failing) -> None:

@@ -22,8 +22,9 @@ from spinn import cores
 from spinn.data.example import Example
 from spinn.model.checkpoint import load_checkpoint
 from spinn.training.distributed import Topology, make_share, share
-from tests.conftest import copy_store
-from tests.helpers import assert_the_thread_rule_ran, thread_decisions, thread_rule_env
+from tests.helpers import assert_the_thread_rule_ran, copy_store, thread_decisions, thread_rule_env
+
+pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
 SETTINGS = [
@@ -133,16 +134,25 @@ def assert_same_weights(first: Path, second: Path, tolerance: float) -> None:
     assert worst <= tolerance, f"weights differ by {worst:.3g}"
 
 
+TWO_RANK_STEPS = 40
+"""Long enough for a checkpoint to kill the job at, and evaluations on either side of it."""
+
+
+@pytest.fixture(scope="module")
+def two_ranks(project) -> subprocess.CompletedProcess:
+    """One two-rank job, registered, that the tests below compare against: one process's run of the same
+    settings, and a killed and resumed job. First: rank 0 fills the vector cache. Progress as lines for logs."""
+    return run(project, "two", "--set", f"max_steps={TWO_RANK_STEPS}", "--set", "processes=2", "--report-every", "1")
+
+
 @pytest.mark.slow
-def test_two_ranks_train_what_one_process_trains_in_one_run(project):
+def test_two_ranks_train_what_one_process_trains_in_one_run(project, two_ranks):
     import mlflow
 
-    # first: rank 0 fills the vector cache. Progress as lines for logs: rank 0 prints them, no rank draws a bar
-    two = run(project, "two", "--set", "max_steps=20", "--set", "processes=2", "--report-every", "1")
-    printed = two.stdout + two.stderr
-    assert re.search(r"train step \d+/20 \(\d+%\)", printed)  # lines on time (every second here), not bars
+    printed = two_ranks.stdout + two_ranks.stderr  # rank 0 prints the progress lines, no rank draws a bar
+    assert re.search(rf"train step \d+/{TWO_RANK_STEPS} \(\d+%\)", printed)  # lines on time (every second here)
     assert "s/step" not in printed and "step/s" not in printed
-    run(project, "one", "--set", "max_steps=20", "--no-register")
+    run(project, "one", "--set", f"max_steps={TWO_RANK_STEPS}", "--no-register")
     assert_same_weights(project / "one" / "last.pt", project / "two" / "last.pt", WEIGHT_TOLERANCE)
     assert len(load_checkpoint(project / "two" / "last.pt").rng_by_rank()) == 2
     mlflow.set_tracking_uri(f"sqlite:///{project / 'mlflow.db'}")
@@ -173,10 +183,11 @@ def test_the_poison_would_catch_a_rank_that_touches_mlflow(project):
 
 
 @pytest.mark.slow
-def test_killing_every_rank_after_a_checkpoint_then_resuming_is_exact(project):
-    run(project, "whole", "--set", "max_steps=40", "--set", "processes=2", "--no-register")
+def test_killing_every_rank_after_a_checkpoint_then_resuming_is_exact(project, two_ranks):
+    """The killed job, resumed, ends where the whole two-rank job ended (registering that one changed nothing
+    it trained)."""
     job = subprocess.Popen(
-        command(project, "killed", "--set", "max_steps=40", "--set", "processes=2", "--no-register"),
+        command(project, "killed", "--set", f"max_steps={TWO_RANK_STEPS}", "--set", "processes=2", "--no-register"),
         cwd=project,
         env=environment(project),
         stdout=subprocess.DEVNULL,
@@ -187,9 +198,10 @@ def test_killing_every_rank_after_a_checkpoint_then_resuming_is_exact(project):
     step = _wait_for_checkpoint(last, job)
     os.killpg(job.pid, signal.SIGKILL)  # torchrun and both ranks at once
     job.wait()
-    assert 0 < step < 40, f"the job was killed at step {step}, not in the middle"
-    run(project, "killed", "--set", "max_steps=40", "--set", "processes=2", "--no-register", "--resume")
-    assert_same_weights(project / "whole" / "last.pt", last, 0.0)
+    assert 0 < step < TWO_RANK_STEPS, f"the job was killed at step {step}, not in the middle"
+    resume = ("--set", f"max_steps={TWO_RANK_STEPS}", "--set", "processes=2", "--no-register", "--resume")
+    run(project, "killed", *resume)
+    assert_same_weights(project / "two" / "last.pt", last, 0.0)
 
 
 def _wait_for_checkpoint(path: Path, job: subprocess.Popen, at_least: int = 10) -> int:

@@ -1,4 +1,4 @@
-"""Issue 22, class 3: a model that is not finite is never checkpointed as best, registered or used to label."""
+"""A model that is not finite is never checkpointed as best, registered or used to label."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from spinn.model.checkpoint import load_checkpoint, save_checkpoint
 from spinn.training.config import TrainConfig
 from spinn.training.divergence import check_loss, check_weights
 from spinn.training.train import train
-from tests.helpers import smoke_pairs, write_rows
+from tests.helpers import TINY_MODEL, smoke_pairs, write_rows
 
 DIVERGING = 1e30
 """A learning rate that is finite (so the settings accept it) and sends the weights to NaN in a few steps."""
@@ -40,7 +40,7 @@ def test_a_diverging_run_stops_keeping_only_finite_checkpoints(smoke_model, tmp_
     monkeypatch.chdir(tmp_path)
     config = TrainConfig.build(
         {
-            "model": {"variant": "pi", "d_hidden": 8, "mlp_dim": 8},
+            "model": {"variant": "pi", **TINY_MODEL},
             "learning_rate": DIVERGING,
             "batch_size": 16,
             "max_steps": 40,

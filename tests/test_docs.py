@@ -10,22 +10,11 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+from tests.helpers import BASH_BLOCK, README, ROOT, readme_block
+
 CI = ROOT / ".ci" / "run"
 TEST_SCRIPT = ROOT / "scripts" / "test"
-BASH_BLOCK = r"```bash\n(.+?)\n```"
-
-
-def readme_block(heading: str, marker: str) -> str:
-    """The first ```bash block under `heading` whose command contains `marker`."""
-    section = README.read_text(encoding="utf-8").split(heading, 1)[1]
-    for block in re.findall(BASH_BLOCK, section, re.DOTALL):
-        if marker in block:
-            return block.strip()
-    raise AssertionError(f"no command with {marker!r} under {heading!r} in README.md")
 
 
 def ci_lines() -> list[str]:

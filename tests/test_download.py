@@ -16,6 +16,8 @@ from spinn.data.fetch import Checksum, DownloadError
 from spinn.errors import SpinnError
 from tests.httpserver import LocalServer
 
+pytestmark = pytest.mark.integration
+
 SNLI = "snli_1.0.zip"
 SNLI_PATH = "/mirror/" + SNLI
 PAYLOAD_BYTES = 96 * 1024

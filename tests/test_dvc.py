@@ -35,11 +35,12 @@ from spinn.data.schema import NO_CONSENSUS_LABEL
 from spinn.data.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
 from spinn.io import file_digest
 from spinn.model.checkpoint import load_checkpoint
-from tests.checkout import copy_checkout
-from tests.conftest import copy_store
 from tests.helpers import (
+    TINY_MODEL,
     assert_the_thread_rule_ran,
     command_line,
+    copy_checkout,
+    copy_store,
     kill_if_running,
     run_statuses,
     running,
@@ -50,7 +51,7 @@ from tests.helpers import (
 )
 from tests.httpserver import LocalServer
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 BIN = Path(sys.executable).parent
 """The environment running the tests, whose bin holds the `spinn` and `dvc` executables."""
@@ -61,7 +62,7 @@ MIRROR_PATH = "/mirror/snli_1.0.zip"
 STAGES = ("download", "prepare@train", "prepare@dev", "prepare@test", "vocab", "embeddings", "train", "evaluate")
 SPLITS = ("train", "dev", "test")
 TINY_TRAIN = {
-    "model": {"variant": "pi", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+    "model": {"variant": "pi", **TINY_MODEL},
     "max_steps": 2,
     "eval_every": 2,
     "log_every": 1,

@@ -22,10 +22,11 @@ from click.testing import CliRunner
 
 from spinn.cli import main
 from spinn.labeling.shard_plan import parts_folder
-from tests.helpers import smoke_pairs, write_rows
+from tests.helpers import CLI_TIMEOUT_S, one_error_line, smoke_pairs, snli_line, tiny_train_arguments, write_rows
+
+pytestmark = pytest.mark.integration
 
 READ_ONLY = 0o555
-CLI_TIMEOUT_S = 300
 FAILING_RUN_SHARDS = 6
 NO_OVERRIDE_CAPABILITIES = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 """Root writes into any folder: the command runs without the capabilities that let it, so modes count."""
@@ -40,27 +41,6 @@ def spinn(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None
         command = NO_OVERRIDE_CAPABILITIES + command
     environment = {**os.environ, **(env or {})}
     return subprocess.run(command, capture_output=True, text=True, cwd=cwd, env=environment, timeout=CLI_TIMEOUT_S)
-
-
-def one_error_line(stderr: str) -> str:
-    """The command's one error line, its last word on stderr (progress bars and MLflow's notes may come
-    before it), and no traceback."""
-    errors = [line for line in stderr.strip().splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1 and stderr.strip().endswith(errors[0]) and "Traceback" not in stderr, stderr
-    return errors[0]
-
-
-def snli_line(pair_id: str) -> str:
-    return json.dumps(
-        {
-            "gold_label": "entailment",
-            "pairID": pair_id,
-            "sentence1": "A dog runs.",
-            "sentence1_binary_parse": "( ( A dog ) ( runs . ) )",
-            "sentence2": "Animals move.",
-            "sentence2_binary_parse": "( Animals ( move . ) )",
-        }
-    )
 
 
 @pytest.fixture
@@ -141,34 +121,7 @@ def test_train_on_a_full_disk(smoke_model, tmp_path, monkeypatch, mlflow_store):
     earlier = tmp_path / "models"
     earlier.mkdir()
     monkeypatch.setattr(torch, "save", disk_full)
-    prepared = smoke_model.prepared
-    result = CliRunner().invoke(
-        main,
-        [
-            "train",
-            "--train",
-            str(prepared / "train.parquet"),
-            "--dev",
-            str(prepared / "dev.parquet"),
-            "--embeddings-dir",
-            str(prepared.parent / "embeddings"),
-            "--output-dir",
-            str(earlier),
-            "--no-register",
-            "--device",
-            "cpu",
-            "--set",
-            "model.d_hidden=8",
-            "--set",
-            "model.d_tracker=4",
-            "--set",
-            "model.mlp_dim=8",
-            "--set",
-            "max_steps=2",
-            "--set",
-            "threads=1",
-        ],
-    )
+    result = CliRunner().invoke(main, tiny_train_arguments(smoke_model.prepared, earlier, "max_steps=2"))
     assert result.exit_code == 1, result.output
     line = one_error_line(result.stderr)
     assert line.startswith("error: no space left on ") and re.search(rf"writing {earlier}/(last|best)\.pt$", line)

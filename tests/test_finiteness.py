@@ -1,4 +1,4 @@
-"""Issue 32, class 2: every reader checks what it reads. A model whose weights are not finite (one infinite
+"""Every reader checks what it reads. A model whose weights are not finite (one infinite
 weight, one NaN word vector) is refused where it is loaded, by every command that loads one and by the
 served MLflow model; a premise or hypothesis that is not text is rejected as what it is, by every pairs
 reader and by the served model, instead of being labelled as the text "inf".

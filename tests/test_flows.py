@@ -26,17 +26,22 @@ from spinn.io import file_digest
 from spinn.settings import nest
 from spinn.tracking.register import version_description
 from spinn.training.evaluate import report_path
-from tests.checkout import copy_checkout
-from tests.conftest import copy_store
-from tests.helpers import assert_the_thread_rule_ran, stanza_dir, thread_decisions, thread_rule_env, write_rows
+from tests.helpers import (
+    TINY_MODEL,
+    assert_the_thread_rule_ran,
+    copy_checkout,
+    copy_store,
+    stanza_dir,
+    thread_decisions,
+    thread_rule_env,
+    write_rows,
+)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SMALL_TRAINING = {
     "model.variant": "spinn",
-    "model.d_hidden": 16,
-    "model.d_tracker": 8,
-    "model.mlp_dim": 16,
+    **{f"model.{key}": value for key, value in TINY_MODEL.items()},
     "batch_size": 32,
     "max_steps": 2,
     "eval_every": 2,
@@ -191,7 +196,7 @@ def test_rerun_skips_every_finished_stage_and_registers_nothing_new(project, fir
 
 
 def test_a_rerun_without_prefect_s_cache_record_reuses_the_finished_run(project, first_run, monkeypatch):
-    """Issue 24: another PREFECT_HOME, a cleared cache or another machine sharing data/ has no cache record;
+    """Another PREFECT_HOME, a cleared cache or another machine sharing data/ has no cache record;
     train then runs on the finished run's folder, which is the result instead of a refusal."""
     from flows import tasks
     from flows.train_spinn import train_spinn

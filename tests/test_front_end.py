@@ -1,4 +1,4 @@
-"""Issue 22, classes 6 and 3: every mistake on a command line or in params.yaml is one `error:` line and exit status 1,
+"""Every mistake on a command line or in params.yaml is one `error:` line and exit status 1,
 said before any work, for every command that can make it; a setting that must be finite (every float) and
 is given as inf or NaN is one of them.
 
@@ -51,7 +51,7 @@ WITH_CONFIG = ("download", "prepare", "vocab", "embeddings", "train", "evaluate"
 INPUT_NAMES = ("dev.jsonl", "train.parquet", "dev.parquet", "vocab.json", "m.pt", "pairs.csv")
 CLASS_NAME = re.compile(r"\b\w+(Settings|Config|Overrides|Request)\b")
 """A settings class's name, which a user never typed: an error names the option, `--set` key or params.yaml
-entry that gave the value (`spinn bench --profile` said `BenchSettings:`; issue 24)."""
+entry that gave the value (`spinn bench --profile` once said `BenchSettings:`)."""
 
 
 def inputs(folder: Path) -> Path:
@@ -193,7 +193,7 @@ def test_a_front_end_mistake_is_one_error_line_before_any_work(command, mistake,
     assert not {"out", "raw", "data"} & {path.name for path in folder.iterdir()}
 
 
-# ----------------------------------------------------------------------------- issue 32, class 7: the parser's own
+# ----------------------------------------------------------------------------- the parser's own
 
 EXIT_USAGE = 2
 """click's (and POSIX's) status for a command line the parser refuses; README says so."""

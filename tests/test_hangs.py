@@ -18,7 +18,7 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
-from tests.helpers import one_error_line, smoke_pairs, write_rows
+from tests.helpers import TINY_MODEL_SETTINGS, one_error_line, set_options, smoke_pairs, write_rows
 
 SECRET = "s3cr3t-password"
 REQUEST_TIMEOUT_S = 1
@@ -59,7 +59,7 @@ TRACKING_COMMANDS: dict[str, Callable[[Path, object], list[str]]] = {
     "train": lambda d, m: (
         ["train", "--train", str(m.prepared / "train.parquet"), "--dev", str(m.prepared / "dev.parquet")]
         + ["--embeddings-dir", str(m.prepared.parent / "embeddings"), "--output-dir", str(d / "run")]
-        + ["--set", "model.d_hidden=8", "--set", "model.d_tracker=4", "--set", "model.mlp_dim=8", "--no-progress"]
+        + [*set_options(TINY_MODEL_SETTINGS), "--no-progress"]
     ),
     "evaluate": lambda d, m: (
         ["evaluate", "--model", MODEL_URI, "--data", str(m.prepared / "dev.parquet")] + ["--output", str(d / "m.json")]

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -27,8 +26,6 @@ from spinn.model.spinn import SPINN, random_vectors, transition_counts
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import Transition, transition_count
 
-SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
-needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
 CPU = torch.device("cpu")
 TOLERANCE = 1e-5
 AGREEMENT_PAIRS = 40
@@ -43,12 +40,11 @@ def random_model(variant: str, vocab_size: int, d: int = 24) -> SPINN:
 
 
 @pytest.fixture(scope="module")
-def snli_examples():
+def snli_examples(snli_dev):
     """64 real labelled SNLI dev pairs (with their parses) and the vocabulary size."""
-    return load_examples(SNLI_DEV, 64, 0, labelled=True)
+    return load_examples(snli_dev, 64, 0, labelled=True)
 
 
-@needs_snli
 def test_graph_inputs_are_keyed_by_shape_and_copied_in_place(snli_examples):
     examples, _ = snli_examples
     first = make_batch(examples[:8], width_step=64)
@@ -80,7 +76,6 @@ def test_the_graph_report_says_what_became_of_every_shape():
     assert refusal(RuntimeError()) == "RuntimeError"
 
 
-@needs_snli
 def test_inference_step_equals_the_model(snli_examples):
     examples, vocab_size = snli_examples
     model = random_model("spinn", vocab_size)
@@ -91,7 +86,6 @@ def test_inference_step_equals_the_model(snli_examples):
     assert torch.equal(found.logits, expected.logits) and torch.equal(found.transitions, expected.transitions)
 
 
-@needs_snli
 @pytest.mark.parametrize("source", [TransitionSource.GOLD, TransitionSource.GREEDY])
 def test_predict_gives_each_pair_what_the_model_gives_it_alone_in_input_order(snli_examples, source):
     """Length-sorted batches of any size, read back once, equal the model run on each pair by itself."""
@@ -119,7 +113,6 @@ def test_predict_gives_each_pair_what_the_model_gives_it_alone_in_input_order(sn
     assert 0.0 <= found.transition_accuracy <= 1.0
 
 
-@needs_snli
 @pytest.mark.parametrize("source", [TransitionSource.GOLD, TransitionSource.GREEDY])
 def test_predict_encodes_each_distinct_sentence_once_and_counts_it_for_every_pair(snli_examples, source):
     """SNLI repeats its premises: each distinct sentence goes through the encoder once, while transition
@@ -147,7 +140,6 @@ def test_predict_encodes_each_distinct_sentence_once_and_counts_it_for_every_pai
     assert torch.allclose(torch.from_numpy(found.probabilities), expected, atol=TOLERANCE)
 
 
-@needs_snli
 def test_predict_restores_training_mode_and_refuses_a_step_of_another_source(snli_examples):
     examples, vocab_size = snli_examples
     model = random_model("spinn", vocab_size).train()

@@ -34,7 +34,7 @@ from tests.helpers import (
     write_rows,
 )
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 SHARD_SIZE = 20
 MEETING_S = 30.0
@@ -253,7 +253,7 @@ def dask_address() -> Iterator[str]:
 def test_inbox_files_are_labelled_side_by_side_as_they_are_one_at_a_time(
     smoke_model, rl_checkpoint, request_for, dask_address, tmp_path
 ):
-    """Issue 24, item 8. Side by side, each good file's labelling waits, once it has begun, for the other's to
+    """Side by side, each good file's labelling waits, once it has begun, for the other's to
     begin too (one at a time, the first would wait in vain and fail), so Prefect's own records show the two
     subflows running at once; only the flow's thread writes the index, a bad file beside them still fails
     alone, each MLflow run holds its own file, and the labels are those of a run that takes one file at a

@@ -64,7 +64,7 @@ def test_the_inbox_picks_up_every_file_the_reader_accepts_and_no_other(tmp_path)
 
 
 def test_every_inbox_file_has_an_output_of_its_own():
-    """Issue 22: `pairs.csv` and `pairs.jsonl` once shared `pairs.labels.parquet`, so the second always failed."""
+    """`pairs.csv` and `pairs.jsonl` once shared `pairs.labels.parquet`, so the second always failed."""
     from flows.label_pairs import output_name
 
     names = ("pairs.csv", "pairs.jsonl", "pairs.jsonl.gz", "PAIRS.NDJSON", "a.b.tsv.gz", "pairs.tab")

@@ -19,6 +19,7 @@ from spinn.data.vocab import Vocabulary
 from spinn.model.checkpoint import Checkpoint, save_checkpoint
 from spinn.model.config import SPINNConfig
 from spinn.model.spinn import SPINN, random_vectors
+from tests.helpers import TINY
 
 HEAVY = ("mlflow", "prefect", "stanza")
 WORDS = ["<pad>", "<unk>", "a", "dog", "runs", "cat", "sleeps", "."]
@@ -35,7 +36,7 @@ finally:
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
     vocabulary = Vocabulary(tuple(WORDS), (0,) * len(WORDS), True, 1).to_json()
-    config = SPINNConfig(variant="spinn", d_embed=8, d_hidden=6, d_tracker=5, mlp_layers=1, mlp_dim=10)
+    config = SPINNConfig(variant="spinn", **{**TINY, "use_batch_norm": False})
     model = SPINN(config, random_vectors(len(WORDS), config.d_embed))
     return save_checkpoint(tmp_path / "model.pt", Checkpoint(model.state_dict(), config.to_dict(), vocabulary, 0))
 

@@ -147,7 +147,7 @@ def test_a_heavy_dependency_has_one_door(package, door):
 
 
 MAX_MODULE_LINES = 500
-"""Issue 25: a module longer than this holds more than one concept; split it along its seams."""
+"""A module longer than this holds more than one concept; split it along its seams."""
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda path: str(path.relative_to(PACKAGE.parent)))

@@ -1,5 +1,5 @@
-"""Issue 22, class 5: a sentence too long for the token limit is rejected as too_long, with its line, by every
-reader, before any tokenizer or tree reader sees it; and prepare keeps a UTF-8-BOM file's first row (class 7).
+"""A sentence too long for the token limit is rejected as too_long, with its line, by every
+reader, before any tokenizer or tree reader sees it; and prepare keeps a UTF-8-BOM file's first row.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from spinn.data.prepare import PrepareSettings, prepare
 from spinn.data.rejects import Reject, RejectReason
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
 from spinn.labeling.induced_trees import PAIRS_OUTPUT_SUFFIX
-from tests.test_errors import snli_line
+from tests.helpers import snli_line
 
 SHORT = ("A dog runs.", "An animal moves.")
 HUGE = "x" * (max_chars(max(DEFAULT_MAX_TOKENS, TEXT_MAX_TOKENS)) + 1)

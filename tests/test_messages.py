@@ -1,4 +1,4 @@
-"""Issue 32, class 10: messages name the right thing. A run that diverges before its first checkpoint does not
+"""Messages name the right thing. A run that diverges before its first checkpoint does not
 point at a last.pt it never wrote; a NUL byte in a UTF-8 file spoils its row, not the file's name for its
 encoding; bare-CR line ends count every row, in every text format of the pairs reader. (A full disk naming
 its file and device is tests/test_disk_full.py, over the CLI's one handler.)

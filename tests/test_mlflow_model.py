@@ -38,10 +38,14 @@ from spinn.tracking.register import (
     MODEL_OUTPUTS,
     SELECTION_METRIC,
 )
-from tests.helpers import assert_the_thread_rule_ran, thread_decisions, thread_rule_env
-from tests.test_release_files import register_as_release_0_1_0
+from tests.helpers import (
+    RELEASE,
+    assert_the_thread_rule_ran,
+    register_as_release_0_1_0,
+    thread_decisions,
+    thread_rule_env,
+)
 
-RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
 MLFLOW = Path(sys.executable).with_name("mlflow")
 PAIRS = 12
 SERVER_START_S = 180
@@ -390,7 +394,7 @@ def test_only_a_model_that_labels_without_a_parser_has_its_example_checked_as_it
     variant, checked, tmp_path, monkeypatch
 ):
     """Logging a pi model predicted MLflow's input example, which loaded Stanza at training time (offline a
-    "could not download" warning, online a download of Stanza's models; issue 24). A spinn model's check is
+    "could not download" warning, online a download of Stanza's models). A spinn model's check is
     cheap and offline and still proves the logged model serves. Both keep the example MLflow's UI shows."""
     import mlflow
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 from torch.func import functional_call
@@ -24,10 +22,9 @@ from spinn.trees.transitions import (
     transitions_to_tree,
 )
 from spinn.trees.tree import Tree
+from tests.helpers import TINY
 
 GOLD = TransitionSource.GOLD
-SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
-needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
 
 FLOAT32_TOLERANCE = 1e-5
 FLOAT64_TOLERANCE = 1e-10
@@ -44,11 +41,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def snli():
+def snli(snli_dev):
     """The first 400 real dev pairs, encoded, and their vocabulary size."""
-    if not SNLI_DEV.exists():
-        pytest.skip(f"real SNLI dev split not found at {SNLI_DEV}")
-    pairs = read_raw_pairs(SNLI_DEV)[:400]
+    pairs = read_raw_pairs(snli_dev)[:400]
     vocabulary = corpus_vocabulary(pairs)
     return pairs, encode_pairs(pairs, vocabulary), vocabulary
 
@@ -179,7 +174,6 @@ def encode_alone(model: SPINN, examples: list[Example]) -> tuple[torch.Tensor, t
     )
 
 
-@needs_snli
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, FLOAT32_TOLERANCE), (torch.float64, FLOAT64_TOLERANCE)])
 def test_batch_equals_examples_one_by_one(snli, mixed, variant, dtype, tolerance):
@@ -194,7 +188,6 @@ def test_batch_equals_examples_one_by_one(snli, mixed, variant, dtype, tolerance
     assert_close(together.logits, logits, tolerance)
 
 
-@needs_snli
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_padding_to_a_bucket_width_changes_nothing(snli, mixed, variant):
     """Extra word slots and steps (shape buckets for CUDA graphs) compute unused rows: outputs and gradients stay."""
@@ -232,7 +225,6 @@ def recursive_encode(model: SPINN, tree: Tree, ids: dict[str, int]) -> torch.Ten
     return walk(tree)[0]
 
 
-@needs_snli
 def test_pi_nt_matches_a_simple_tree_recursion(snli):
     pairs, examples, vocabulary = snli
     config = SPINNConfig(variant="pi-nt", d_embed=12, d_hidden=16, d_tracker=0, mlp_dim=24)
@@ -251,7 +243,6 @@ def test_pi_nt_matches_a_simple_tree_recursion(snli):
                 assert_close(encoded[row], expected, FLOAT64_TOLERANCE)
 
 
-@needs_snli
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_seed_article_reference_gives_the_same_outputs_and_gradients(snli, mixed, variant):
     config = SMALL.replace(variant=variant, use_batch_norm=False)
@@ -321,6 +312,7 @@ def test_gradcheck_float64(variant):
     examples, vocab_size = tiny_examples()
     # rl: the REINFORCE surrogate holds the reward fixed (detached), so finite differences of it are not its
     # gradient; its own test checks it (tests/test_policy.py). Here: the sampled trees' exact gradients.
+    # Smaller than helpers' TINY: gradcheck runs two forwards for every parameter element.
     config = SPINNConfig(
         variant=variant,
         d_embed=3,
@@ -369,9 +361,9 @@ def test_repeated_backward_through_one_graph():
     assert torch.equal(first, second)
 
 
-@needs_snli
 def test_overfits_sixteen_real_pairs(snli):
     _, examples, vocabulary = snli
+    # wider than helpers' TINY: enough capacity to memorise sixteen real pairs in a few steps
     config = SPINNConfig(variant="spinn", d_embed=32, d_hidden=32, d_tracker=16, mlp_dim=64)
     model = build(config, len(vocabulary)).train()
     batch = make_batch(examples[:16])
@@ -431,7 +423,6 @@ def test_illegal_actions_are_masked_where_they_are_illegal():
             stack, buffer = (stack + 1, buffer - 1) if value == Transition.SHIFT else (stack - 1, buffer)
 
 
-@needs_snli
 def test_spinn_on_gold_transitions_encodes_like_pi(snli, mixed):
     pi = build(SMALL.replace(variant="pi"), len(snli[2]), torch.float64)
     spinn = build(SMALL, len(snli[2]), torch.float64)
@@ -442,7 +433,6 @@ def test_spinn_on_gold_transitions_encodes_like_pi(snli, mixed):
         assert_close(spinn(batch, source=GOLD).logits, pi(batch, source=GOLD).logits, FLOAT64_TOLERANCE)
 
 
-@needs_snli
 def test_predicted_transitions_fed_back_as_gold_give_the_same_encoding(snli, mixed):
     """The device-side stacks of the model's own choices address the memory as the host plan does."""
     model = build(SMALL, len(snli[2]), torch.float64)
@@ -456,7 +446,6 @@ def test_predicted_transitions_fed_back_as_gold_give_the_same_encoding(snli, mix
     assert_close(replayed.premise, predicted.premise, FLOAT64_TOLERANCE)
 
 
-@needs_snli
 @pytest.mark.parametrize("bias", [0.0, 8.0, -8.0])
 def test_predicted_transitions_are_always_legal(snli, bias):
     """Random weights, pushed towards SHIFT or REDUCE: every row still builds one tree over all its words."""
@@ -495,7 +484,7 @@ def test_bf16_autocast_keeps_fp32_cell_state():
 
 def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="cbow", d_embed=8, d_hidden=6, mlp_dim=10), random_vectors(50, 8)).eval()
+    model = SPINN(SPINNConfig(variant="cbow", **TINY), random_vectors(50, TINY["d_embed"])).eval()
     tokens = torch.tensor([[3, 4, 5], [6, 0, 0]])
     lengths = torch.tensor([3, 1])
     encoding = model.encode(tokens, lengths, GOLD)
@@ -507,7 +496,7 @@ def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
 
 def test_cbow_trains_every_parameter():
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="cbow", d_embed=8, d_hidden=6, mlp_dim=10), random_vectors(50, 8))
+    model = SPINN(SPINNConfig(variant="cbow", **TINY), random_vectors(50, TINY["d_embed"]))
     batch = make_batch([Example((3, 4), (0, 0, 1), (5,), (0,), 1), Example((6,), (0,), (7, 8), (0, 0, 1), 2)])
     spinn_loss(model(batch, source=GOLD), batch, model.config).total.backward()
     for name, parameter in model.named_parameters():
@@ -523,7 +512,8 @@ def test_training_steps_leave_no_graph_behind():
     from spinn.model.thin_stack_forward import _Loop as _Memory
 
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="spinn", d_embed=8, d_hidden=6, d_tracker=5, mlp_dim=10), random_vectors(50, 8))
+    config = SPINNConfig(variant="spinn", **{**TINY, "use_batch_norm": False})  # one pair: batch norm needs two
+    model = SPINN(config, random_vectors(50, TINY["d_embed"]))
     batch = make_batch([Example((3, 4, 5), (0, 0, 1, 0, 1), (6, 7), (0, 0, 1), 1)])
     gc.collect()
     before = sum(type(item) is _Memory for item in gc.get_objects())

@@ -1,4 +1,4 @@
-"""Issue 22, class 7: `spinn label` fails, as prepare does, when it labelled no row; the rejects file says why."""
+"""`spinn label` fails, as prepare does, when it labelled no row; the rejects file says why."""
 
 from __future__ import annotations
 

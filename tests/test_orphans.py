@@ -1,4 +1,4 @@
-"""Issue 32, class 1: a stage process ends with the process that started it, and its lock lives where its
+"""A stage process ends with the process that started it, and its lock lives where its
 orchestrator does not delete it.
 
 An orchestrator (`dvc repro`, a Prefect worker, a CI job) that is killed with SIGKILL leaves its stage running
@@ -24,8 +24,16 @@ from click.testing import CliRunner
 
 from spinn import children
 from spinn.cli import COMMANDS, main
-from tests.conftest import copy_store
-from tests.helpers import SPINN_COMMAND, kill_if_running, run_statuses, running, tiny_train_arguments, wait_for
+from tests.helpers import (
+    SPINN_COMMAND,
+    TINY_MODEL,
+    copy_store,
+    kill_if_running,
+    run_statuses,
+    running,
+    tiny_train_arguments,
+    wait_for,
+)
 
 ORPHAN_END_S = 60
 """How long an orphaned stage may take to notice and stop: the parent poll, then a training step under load."""
@@ -123,7 +131,7 @@ def test_a_training_run_whose_parent_is_killed_stops_ends_its_mlflow_run_and_let
 
 
 FLOW_SETTINGS = {
-    "model": {"variant": "spinn", "d_hidden": 8, "d_tracker": 4, "mlp_dim": 8},
+    "model": {"variant": "spinn", **TINY_MODEL},
     "batch_size": 32,
     "max_steps": 100000,
     "max_epochs": 100000,

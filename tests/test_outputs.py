@@ -1,4 +1,4 @@
-"""Issue 22, classes 1 and 2: no command destroys its input, and every publishing command holds its outputs'
+"""No command destroys its input, and every publishing command holds its outputs'
 locks (spinn.io.publishing), checked over every command that publishes through it.
 
 Each case runs the command in-process on a file holding bytes no stage could write, then checks the one
@@ -233,7 +233,7 @@ def test_an_output_another_run_is_writing_is_refused(command, tmp_path, monkeypa
     assert not output(tmp_path).exists() or output(tmp_path).is_dir()
 
 
-# ----------------------------------------------------------------------------- issue 32, class 7: names
+# ----------------------------------------------------------------------------- names
 
 LONG_NAME = 240
 """A legal file name (the limit is 255 bytes) whose companions (lock, temporary, journal) would pass the limit."""

@@ -29,20 +29,17 @@ from spinn.parsing.settings import ParserSettings
 from spinn.parsing.stanza_pipeline import stanza_text
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import Transition, check_transitions, read_binary_parse
+from tests.helpers import STANZA_DIR, stanza_dir
 
 pytestmark = pytest.mark.stanza
 
-STANZA_DIR = Path(__file__).resolve().parents[2] / "shared" / "stanza" / "stanza_resources"
-SNLI_TEST = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_test.jsonl.gz"
 AGREEMENT_SENTENCES = 30
 MIN_BRACKET_F1 = 0.75
 MIN_TOKEN_AGREEMENT = 0.9
 
 
 def _settings(cache: Path | None, **changes) -> ParserSettings:
-    if not STANZA_DIR.is_dir():
-        pytest.skip(f"the offline Stanza models {STANZA_DIR} are absent (../shared is not beside this checkout)")
-    return ParserSettings(stanza_dir=STANZA_DIR, device="cpu", cache_path=cache, **{"workers": 1, **changes})
+    return ParserSettings(stanza_dir=stanza_dir(), device="cpu", cache_path=cache, **{"workers": 1, **changes})
 
 
 @pytest.fixture(scope="module")
@@ -85,12 +82,10 @@ def _spans(transitions: list[int]) -> set[tuple[int, int]]:
     return spans - set(stack)
 
 
-def _snli_premises(count: int) -> dict[str, str]:
+def _snli_premises(snli_test: Path, count: int) -> dict[str, str]:
     """The first `count` distinct premises of SNLI test, with SNLI's binary parses."""
-    if not SNLI_TEST.exists():
-        pytest.skip(f"real SNLI file {SNLI_TEST} is absent")
     premises: dict[str, str] = {}
-    with gzip.open(SNLI_TEST, "rt", encoding="utf-8") as lines:
+    with gzip.open(snli_test, "rt", encoding="utf-8") as lines:
         for line in lines:
             record = json.loads(line)
             premises.setdefault(record["sentence1"], record["sentence1_binary_parse"])
@@ -166,9 +161,9 @@ def test_two_sentences_in_one_text_make_one_tree(parser: SentenceParser) -> None
     check_transitions(parsed.transitions, len(parsed.tokens))
 
 
-def test_trees_agree_with_snli_binary_parses(parser: SentenceParser) -> None:
+def test_trees_agree_with_snli_binary_parses(snli_test, parser: SentenceParser) -> None:
     """The tiny model scores ~91 labelled F1 on n-ary trees; binarized, its trees must look like SNLI's."""
-    premises = _snli_premises(AGREEMENT_SENTENCES)
+    premises = _snli_premises(snli_test, AGREEMENT_SENTENCES)
     results = parser.parse(premises)
     scores, same_tokens = [], 0
     for text, binary_parse in premises.items():
@@ -304,9 +299,7 @@ def test_missing_stanza_folder_is_named(tmp_path: Path) -> None:
 
 
 def test_missing_model_files_are_named(tmp_path: Path) -> None:
-    if not STANZA_DIR.is_dir():
-        pytest.skip(f"the offline Stanza models {STANZA_DIR} are absent")
-    shutil.copy(STANZA_DIR / "resources.json", tmp_path / "resources.json")
+    shutil.copy(stanza_dir() / "resources.json", tmp_path / "resources.json")
     parser = SentenceParser(ParserSettings(stanza_dir=tmp_path, device="cpu", cache_path=None))
     with pytest.raises(SpinnError, match=rf"{tmp_path} lacks .*en/constituency/snli_tiny\.pt"):
         parser.parse(["A dog runs."])
@@ -373,7 +366,7 @@ def test_pretokenized_text_is_split_on_spaces_only_and_cached_apart(parser: Sent
 
 @pytest.mark.slow
 def test_spawned_workers_give_the_same_trees_and_parse_each_sentence_once(
-    parser: SentenceParser, monkeypatch: pytest.MonkeyPatch
+    snli_test, parser: SentenceParser, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Two workers, batches of two, spawned (as in a Prefect or Dask process, which runs other threads):
     the trees one process gives, and a sentence still in flight for an earlier submit is taken from that
@@ -381,7 +374,7 @@ def test_spawned_workers_give_the_same_trees_and_parse_each_sentence_once(
     from spinn.parsing import parser as parser_module
 
     monkeypatch.setattr(parser_module, "can_fork", lambda use_gpu: False)
-    texts = list(_snli_premises(12))
+    texts = list(_snli_premises(snli_test, 12))
     alone = parser.parse(texts)
     with SentenceParser(_settings(None, workers=2, batch_size=2)) as pool:
         first = pool.submit(texts[:8])
@@ -417,11 +410,11 @@ print(json.dumps({"pid": os.getpid(), "method": method, "trees": {t: r.binary_pa
 
 @pytest.mark.slow
 def test_workers_fork_from_a_single_threaded_caller_that_loaded_stanza_once(
-    parser: SentenceParser, tmp_path: Path
+    snli_test, parser: SentenceParser, tmp_path: Path
 ) -> None:
     """What `spinn label --workers 2` does on the CPU: Stanza loads in the caller only, the workers are forked
     from it with the models loaded, and give the trees one process gives."""
-    texts = list(_snli_premises(12))
+    texts = list(_snli_premises(snli_test, 12))
     alone = parser.parse(texts)
     loads = tmp_path / "loads.txt"
     done = subprocess.run(

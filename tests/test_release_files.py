@@ -22,8 +22,8 @@ from spinn.model.checkpoint import load_checkpoint
 from spinn.model.config import TransitionSource
 from spinn.model.loading import load_model
 from spinn.trees.transitions import PAD_TRANSITION
+from tests.helpers import RELEASE, register_as_release_0_1_0
 
-RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
 PROBABILITY_TOLERANCE = 1e-6
 
 
@@ -72,24 +72,6 @@ def test_the_vocabulary_and_prepared_pairs_read():
     vocabulary = Vocabulary.load(RELEASE / "vocab.json")
     assert vocabulary.tokens == load_model(RELEASE / "checkpoint.pt", torch.device("cpu")).vocabulary.tokens
     assert read_pairs(RELEASE / "pairs.parquet").num_rows == len(read_raw_pairs(RELEASE / "pairs.parquet")) == 24
-
-
-def register_as_release_0_1_0(uri: str, tags: dict[str, str] | None = None, description: str = "") -> None:
-    """Register the release's model in the store at `uri` as 0.1.0 did: its files logged under the run's
-    `model/` folder, that folder registered as version 1 of `spinn`, @champion on it."""
-    import mlflow
-
-    mlflow.set_tracking_uri(uri)
-    mlflow.set_experiment("release-0.1.0")
-    with mlflow.start_run() as run:
-        for name in ("checkpoint.pt", "vocab.json", "config.json"):
-            mlflow.log_artifact(str(RELEASE / name), artifact_path="model")
-    client = mlflow.MlflowClient()
-    client.create_registered_model("spinn")
-    version = client.create_model_version(
-        "spinn", f"{run.info.artifact_uri}/model", run_id=run.info.run_id, tags=tags, description=description
-    )
-    client.set_registered_model_alias("spinn", "champion", version.version)
 
 
 def test_a_version_registered_by_that_release_loads_through_its_alias(expected, mlflow_store):

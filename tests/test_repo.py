@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.checkout import copy_checkout
-from tests.test_docs import readme_block
+from tests.helpers import TINY_MODEL_SETTINGS, copy_checkout, readme_block
+
+pytestmark = pytest.mark.e2e
 
 SMOKE_TIMEOUT_S = 600
 REAL_PAIRS = 400
@@ -26,9 +27,7 @@ TWO_STEPS = ("max_steps=2", "eval_every=2", "log_every=1", "checkpoint_every=2")
 """The front doors check wiring: two steps reach every stage (evaluation, a checkpoint, registration).
 What the smoke settings learn is test_smoke.py's test_the_smoke_settings_beat_chance."""
 SMALL_RUN = (
-    "model.d_hidden=16",
-    "model.d_tracker=8",
-    "model.mlp_dim=16",
+    *TINY_MODEL_SETTINGS,
     *TWO_STEPS,
     "device=cpu",
     "threads=1",
@@ -110,7 +109,8 @@ def test_readme_two_commands_run_in_a_fresh_clone_on_real_data(tmp_path, snli_tr
         f"{test_command} -q tests/test_trees.py", shell=True, cwd=checkout, env=env, capture_output=True, text=True
     )
     assert tests.returncode == 0 and " passed" in tests.stdout, tests.stdout + tests.stderr
+    # in one process: what this call checks is the status coming back, and xdist's workers cost 8 s of CPU
     nothing = subprocess.run(
-        f"{test_command} -q -k no_such_test tests/test_trees.py", shell=True, cwd=checkout, env=env
+        f"{test_command} -n 0 -q -k no_such_test tests/test_trees.py", shell=True, cwd=checkout, env=env
     )
     assert nothing.returncode == NO_TESTS_COLLECTED

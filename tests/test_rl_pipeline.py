@@ -11,24 +11,11 @@ from click.testing import CliRunner
 from spinn.cli import main
 from spinn.data.schema import read_pairs
 from spinn.trees.transitions import parse_binary
-from tests.helpers import smoke_pairs, write_rows
+from tests.helpers import TINY_MODEL_SETTINGS, set_options, smoke_pairs, write_rows
 
-TINY_RL = [
-    "--set",
-    "model.d_hidden=16",
-    "--set",
-    "model.d_tracker=8",
-    "--set",
-    "model.mlp_dim=16",
-    "--set",
-    "max_steps=12",
-    "--set",
-    "eval_every=6",
-    "--set",
-    "log_every=3",
-    "--set",
-    "threads=1",
-]
+pytestmark = pytest.mark.e2e
+
+TINY_RL = set_options((*TINY_MODEL_SETTINGS, "max_steps=12", "eval_every=6", "log_every=3", "threads=1"))
 
 
 def run(arguments: list[str]) -> str:

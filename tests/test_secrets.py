@@ -1,4 +1,4 @@
-"""Issue 22, class 7: credentials in a download URL never reach an error line or a lock file, and lock files
+"""Credentials in a download URL never reach an error line or a lock file, and lock files
 are readable by their owner only (they record the holder's command line)."""
 
 from __future__ import annotations

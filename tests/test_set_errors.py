@@ -1,4 +1,4 @@
-"""Issue 24: a mistake in a `--set KEY=VALUE` is one `error:` line naming `--set` and the key, in plain words,
+"""A mistake in a `--set KEY=VALUE` is one `error:` line naming `--set` and the key, in plain words,
 exit status 1, on every command that takes --set; a mistake in params.yaml still names params.yaml.
 
 The commands run in-process with click's runner; their inputs exist but are never read, since each case fails

@@ -105,7 +105,7 @@ def left_off(model: type[Settings], path: tuple[str, ...]) -> bool:
 @pytest.mark.parametrize("model", list(COMMAND_OF), ids=lambda model: model.__name__)
 def test_every_field_is_an_option_with_the_models_choices(model):
     """Every field is an option, and one the model leaves off is not (`spinn trees` offered --label-column,
-    which trees never reads; issue 24)."""
+    which trees never reads)."""
     params = {param.name: param for param in command(COMMAND_OF[model]).params}
     for path, annotation in leaf_fields(model):
         name = SEPARATOR.join(path)
@@ -214,7 +214,7 @@ def test_every_command_loads_from_its_module():
 
 def test_a_request_for_another_corpus_takes_that_corpus_s_archive_and_split_files():
     """params.yaml's archive and splits name SNLI's files: `spinn-pipeline --corpus multinli` (a flow request
-    for multinli) fetched MultiNLI into snli_1.0.zip and looked in it for snli_1.0_train.jsonl (issue 24).
+    for multinli) fetched MultiNLI into snli_1.0.zip and looked in it for snli_1.0_train.jsonl.
     What the request gives itself still wins, and the params file's own corpus keeps its files."""
     from flows.settings import CorpusRequest
     from spinn.data.download import CORPORA

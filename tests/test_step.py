@@ -8,8 +8,6 @@ a stall (spinn/opcount.py).
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -23,8 +21,6 @@ from spinn.training.loader import prefetch
 from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer, set_rate
 from tests.helpers import synthetic_batch
 
-SNLI_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "snli" / "snli_1.0_dev.jsonl.gz"
-needs_snli = pytest.mark.skipif(not SNLI_DEV.exists(), reason=f"real SNLI dev split not found at {SNLI_DEV}")
 MAX_OPS_PER_TRANSITION_STEP = 50
 """The issue's bar for a training step (forward, backward, optimizer), counted on the CPU."""
 
@@ -32,9 +28,9 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
-def snli_batches():
+def snli_batches(snli_dev):
     """Five real 256-pair batches of SNLI dev trees, length-bucketed as training makes them."""
-    examples, vocab_size = load_examples(SNLI_DEV, None, 0, labelled=True)
+    examples, vocab_size = load_examples(snli_dev, None, 0, labelled=True)
     return take_batches(examples, 256, 5, 0), vocab_size
 
 
@@ -49,7 +45,6 @@ def trainer(variant: str, vocab_size: int, d: int = 24, encoder: str = "fused", 
     return TrainStep(model, optimizer, schedule, StepOptions(clip_norm=5.0, **options))
 
 
-@needs_snli
 @pytest.mark.parametrize("variant", ["pi", "spinn", "rl", "pi-nt"])
 def test_a_training_step_never_reads_the_device_and_launches_few_ops(snli_batches, variant):
     """Forward, loss, backward, clipping, RMSprop and the metric sums: no host sync; PI and SPINN within
@@ -66,10 +61,9 @@ def test_a_training_step_never_reads_the_device_and_launches_few_ops(snli_batche
         assert count.total / transition_steps <= MAX_OPS_PER_TRANSITION_STEP, count.ops.most_common(10)
 
 
-@needs_snli
-def test_the_step_is_a_plain_rmsprop_step():
+def test_the_step_is_a_plain_rmsprop_step(snli_dev):
     """Foreach kernels and a tensor learning rate compute what torch's default RMSprop computes."""
-    examples, vocab_size = load_examples(SNLI_DEV, 40, 0, labelled=True)
+    examples, vocab_size = load_examples(snli_dev, 40, 0, labelled=True)
     batch = make_batch(examples[:16])
     step = trainer("spinn", vocab_size, d=12)
     plain = SPINN(step.model.config, step.model.embedding.vectors.weight.clone())
@@ -85,23 +79,21 @@ def test_the_step_is_a_plain_rmsprop_step():
         assert torch.allclose(mine.float(), theirs.float(), atol=1e-6), name
 
 
-def real_or_synthetic(kind: str) -> tuple[Batch, int]:
-    """32 real dev pairs (skipped without ../shared), or a seeded synthetic batch of 16."""
+def real_or_synthetic(kind: str, request: pytest.FixtureRequest) -> tuple[Batch, int]:
+    """32 real dev pairs (the snli_dev fixture: skipped without ../shared), or a seeded synthetic batch of 16."""
     if kind == "synthetic":
         return synthetic_batch(pairs=16)
-    if not SNLI_DEV.exists():
-        pytest.skip(f"real SNLI dev split not found at {SNLI_DEV}")
-    examples, vocab_size = load_examples(SNLI_DEV, 32, 0, labelled=True)
+    examples, vocab_size = load_examples(request.getfixturevalue("snli_dev"), 32, 0, labelled=True)
     return make_batch(examples), vocab_size
 
 
 @pytest.mark.parametrize("kind", ["dev", "synthetic"])
 @pytest.mark.parametrize("variant", ["spinn", "rl"])
-def test_training_and_inference_steps_run_the_spec_encoder_as_the_fused_one(variant, kind):
+def test_training_and_inference_steps_run_the_spec_encoder_as_the_fused_one(variant, kind, request):
     """encoder: spec trains (rl: on sampled trees) and infers to the fused encoder's numbers. Compared: one
     step's gradients and statistics (RMSprop turns float32 noise in a gradient that batch norm makes ~0,
     the projection's bias, into a full-size update, so weights after the step are not comparable)."""
-    batch, vocab_size = real_or_synthetic(kind)
+    batch, vocab_size = real_or_synthetic(kind, request)
     steps = [trainer(variant, vocab_size, d=12, encoder=encoder) for encoder in ("fused", "spec")]
     for step in steps:
         torch.manual_seed(1)  # rl draws its trees' uniforms inside the step
@@ -127,9 +119,8 @@ def test_the_step_takes_a_compiled_network():
     assert with_compiled.network is compiled
 
 
-@needs_snli
-def test_metrics_are_summed_on_the_device_and_read_once():
-    examples, vocab_size = load_examples(SNLI_DEV, 64, 0, labelled=True)
+def test_metrics_are_summed_on_the_device_and_read_once(snli_dev):
+    examples, vocab_size = load_examples(snli_dev, 64, 0, labelled=True)
     step = trainer("pi", vocab_size)
     batches = [make_batch(examples[i : i + 16]) for i in range(0, 48, 16)]
     for index, batch in enumerate(batches):
@@ -146,7 +137,6 @@ def test_the_schedule_warms_up_then_decays():
     assert [schedule.rate(step) for step in range(9)] == [0.5, 1.0, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 0.25]
 
 
-@needs_snli
 def test_a_capturable_optimizer_gets_its_rate_tensor_back():
     """An optimizer state from 0.1 holds a float rate; a captured graph needs the tensor it read."""
     step = trainer("pi", 20)
@@ -158,9 +148,8 @@ def test_a_capturable_optimizer_gets_its_rate_tensor_back():
     assert isinstance(group["lr"], torch.Tensor) and group["lr"].item() == 0.25
 
 
-@needs_snli
-def test_the_loader_makes_the_same_batches_ahead_of_the_model():
-    examples, _ = load_examples(SNLI_DEV, 100, 0, labelled=True)
+def test_the_loader_makes_the_same_batches_ahead_of_the_model(snli_dev):
+    examples, _ = load_examples(snli_dev, 100, 0, labelled=True)
     order = [list(range(start, start + 10)) for start in range(0, 100, 10)]
     loaded = list(prefetch(examples, order, torch.device("cpu")))
     assert len(loaded) == 10
@@ -169,8 +158,7 @@ def test_the_loader_makes_the_same_batches_ahead_of_the_model():
         assert torch.equal(batch.tokens, expected.tokens) and torch.equal(batch.plan.reads, expected.plan.reads)
 
 
-@needs_snli
-def test_a_loader_failure_reaches_the_loop():
-    examples, _ = load_examples(SNLI_DEV, 10, 0, labelled=True)
+def test_a_loader_failure_reaches_the_loop(snli_dev):
+    examples, _ = load_examples(snli_dev, 10, 0, labelled=True)
     with pytest.raises(IndexError):
         list(prefetch(examples, [[0, 1], [99]], torch.device("cpu")))

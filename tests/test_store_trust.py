@@ -1,4 +1,4 @@
-"""Issue 32, class 3: the tracking store is trusted only for what it holds.
+"""The tracking store is trusted only for what it holds.
 
 A checkpoint names the MLflow run that trained it, but a file can be copied, edited or linked: `spinn
 evaluate` writes its scores into that run only when the checkpoint is the one the run logged (same
@@ -19,8 +19,7 @@ from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
 from spinn.model.checkpoint import load_checkpoint, save_checkpoint
-from tests.conftest import SMOKE_TRAINING
-from tests.helpers import one_error_line
+from tests.helpers import SMOKE_TRAINING, one_error_line
 
 
 def run_of(checkpoint: Path):

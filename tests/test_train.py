@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import re
@@ -16,75 +15,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn.data.embeddings import DEFAULT_CACHE_DIR, embeddings_stage
-from spinn.data.prepare import prepare
-from spinn.data.vocab import Vocabulary, vocab_stage
+from spinn.data.vocab import Vocabulary
 from spinn.errors import SpinnError, advice, option_name
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings, evaluate
 from spinn.training.train import train
-from tests.conftest import copy_store
+from tests.helpers import PREPARED_DEV_PAIRS, TINY_MODEL, tiny_config
 
-TINY_MODEL = {"d_hidden": 16, "d_tracker": 8, "mlp_dim": 32, "mlp_layers": 1}
-DEV_PAIRS = 120
+pytestmark = pytest.mark.integration
+
 KILL_RUN_STEPS = 60
-
-
-@pytest.fixture(scope="module")
-def prepared(tmp_path_factory, snli_train_sample, snli_dev) -> Path:
-    """train: the 1,024 real training pairs; dev: the first DEV_PAIRS real dev pairs; vocab beside them."""
-    folder = tmp_path_factory.mktemp("prepared")
-    prepare(snli_train_sample, folder, split="train")
-    with gzip.open(snli_dev, "rt", encoding="utf-8") as stream:
-        lines = [next(stream) for _ in range(DEV_PAIRS)]
-    (folder / "source").mkdir()
-    (folder / "source" / "dev.jsonl").write_text("".join(lines), encoding="utf-8")
-    prepare(folder / "source" / "dev.jsonl", folder)
-    vocab_stage(folder / "train.parquet")
-    return folder
-
-
-@pytest.fixture(scope="module")
-def aligned(tmp_path_factory, prepared) -> Path:
-    """The prepared vocabulary's GloVe vectors, aligned once for the module (a data/embeddings folder)."""
-    folder = tmp_path_factory.mktemp("embeddings")
-    embeddings_stage(prepared / "vocab.json", cache_dir=folder, progress=False)
-    return folder
-
-
-@pytest.fixture
-def fresh_workdir(tmp_path, monkeypatch, aligned) -> Path:
-    """A project folder (the working folder) with no MLflow store yet, and a copy of the aligned vectors in
-    data/embeddings, where train looks by default."""
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
-    shutil.copytree(aligned, tmp_path / DEFAULT_CACHE_DIR)
-    return tmp_path
-
-
-@pytest.fixture
-def workdir(fresh_workdir, migrated_store) -> Path:
-    """The project folder with its own copy of the migrated MLflow store: no test here pays the migration."""
-    copy_store(migrated_store, fresh_workdir / "mlflow.db")
-    return fresh_workdir
-
-
-def tiny_config(**settings):
-    """A tiny model that logs every step, and evaluates and checkpoints once, at its last step (unless told)."""
-    last_step = settings.get("max_steps", 1)
-    base = {
-        "model": {"variant": "spinn", **TINY_MODEL},
-        "batch_size": 16,
-        "seed": 7,
-        "device": "cpu",
-        "log_every": 1,
-        "eval_every": last_step,
-        "checkpoint_every": last_step,
-        "threads": 1,
-    }
-    base.update(settings)
-    return TrainConfig.build(base)
 
 
 def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
@@ -101,7 +41,7 @@ def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
     params = run.data.params
     assert params["model.variant"] == "spinn" and params["model.d_embed"] == "50"  # from GloVe 50d
     assert params["learning_rate"] == str(2e-3) and params["embeddings.source"] == "glove-6b-50d"
-    assert len(params["data.train_sha256"]) == 64 and params["data.dev_pairs"] == str(DEV_PAIRS - 1)
+    assert len(params["data.train_sha256"]) == 64 and params["data.dev_pairs"] == str(PREPARED_DEV_PAIRS - 1)
     assert run.data.tags["variant"] == "spinn" and run.data.tags["git_commit"]
     for metric in (
         "train_loss",
@@ -173,7 +113,7 @@ def test_best_pt_keeps_the_temperature_fitted_on_its_dev_logits_and_the_logged_m
 
 
 def test_the_dev_curve_holds_each_evaluation_once_at_its_own_step(prepared, workdir):
-    """Issue 34 item 4: the best model's dev scores, linked to the logged model, are the points its evaluation
+    """The best model's dev scores, linked to the logged model, are the points its evaluation
     logged, not a second dev_accuracy at step 0, where the curve in MLflow and dev_curve.csv began at its end."""
     import csv
 
@@ -269,9 +209,12 @@ def test_evaluate_from_checkpoint_and_registry_agree(prepared, workdir):
     assert from_file == from_registry
     assert from_file.accuracy == pytest.approx(result.best_dev_accuracy)
     summary = json.loads((workdir / "a.json").read_text())
-    assert summary["examples"] == DEV_PAIRS - 1 and 0.0 <= summary["transition_accuracy"] <= 1.0
+    assert summary["examples"] == PREPARED_DEV_PAIRS - 1 and 0.0 <= summary["transition_accuracy"] <= 1.0
     report = json.loads((workdir / "a_report.json").read_text())
-    assert report["transitions"] == "gold" and sum(map(sum, report["confusion_matrix"]["counts"])) == DEV_PAIRS - 1
+    assert (
+        report["transitions"] == "gold"
+        and sum(map(sum, report["confusion_matrix"]["counts"])) == PREPARED_DEV_PAIRS - 1
+    )
     assert (workdir / "confusion.png").read_bytes()[:4] == b"\x89PNG"
     predicted = evaluate(result.best_checkpoint, prepared / "dev.parquet", workdir / "c.json")
     assert json.loads((workdir / "c_report.json").read_text())["transitions"] == "predicted"
@@ -420,7 +363,7 @@ def test_rng_states_restore_whatever_device_or_dtype_they_come_back_as():
 
 
 def test_run_names_say_the_variant_its_size_and_whether_the_data_is_the_synthetic_smoke_corpus(prepared, smoke_model):
-    """Issue 34 item 6: smoke runs were named `spinn snli_1.0_train <time>` like runs on real SNLI (the smoke
+    """Smoke runs were named `spinn snli_1.0_train <time>` like runs on real SNLI (the smoke
     corpus is laid out as snli_1.0.zip), so the runs table could not tell them apart."""
     from spinn.training.publish import default_run_name
 
@@ -436,7 +379,6 @@ def test_runs_get_distinct_names_and_hold_their_data_and_confusion_matrices(prep
     """Without --run-name, each run is named by variant, data and time (not by the seeded generator); a run
     lists its data as dataset inputs, keeps the dev and (after evaluate) test scores and confusion matrices
     as artifacts, its summary as tags; its version is described and tagged as every path does it."""
-    import shutil
 
     import mlflow
 
@@ -600,7 +542,7 @@ def test_without_a_bar_training_prints_progress_lines(prepared, workdir, capsys)
 
 
 def test_without_a_terminal_the_commands_print_whole_current_lines_and_dev_time_apart(prepared, workdir):
-    """Issue 34 item 6: under DVC (stderr a file) `spinn train` drew a tqdm bar with carriage returns, its
+    """Under DVC (stderr a file) `spinn train` drew a tqdm bar with carriage returns, its
     postfix lagging, and its last line hid dev evaluation's time. Without a terminal: plain lines, each saying
     the speed since the last and the steps its loss covers; the last line gives both times."""
     from click.testing import CliRunner
@@ -647,7 +589,7 @@ def test_without_an_output_folder_each_distinct_run_trains_into_its_own(prepared
     assert first.best_checkpoint.parent != other.best_checkpoint.parent
     assert first.best_checkpoint.parent.parent == other.best_checkpoint.parent.parent == Path("data/runs")
     assert load_checkpoint(first.best_checkpoint).run_id == first.run_id
-    again = train(*paths, tiny_config(max_steps=1), register=False, progress=False)  # issue 24: reused
+    again = train(*paths, tiny_config(max_steps=1), register=False, progress=False)  # the same settings: reused
     assert (again.run_id, again.best_checkpoint) == (first.run_id, first.best_checkpoint)
 
 

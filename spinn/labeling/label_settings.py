@@ -70,7 +70,7 @@ class LabelSettings(Settings):
     """Where the model runs; auto: the GPU when there is one."""
     int8: bool = False
     """int8 dynamic quantization of the composition (CPU only; the tracker and the classifier stay fp32):
-    less arithmetic, and labels that agree with fp32 on most pairs, not all (99.5% of SNLI test measured)."""
+    less arithmetic, and labels that agree with fp32 on most pairs, not all (README's labelling measurements)."""
     threads: ThreadCount = AUTO
     """torch threads for the model on CPU; auto: the cores other work leaves free, within this process's share of
     the cores it may use (split with parser worker processes), followed as they change (spinn/cores.py). The

@@ -1,4 +1,7 @@
-"""Issue 24, a newcomer's findings: each test fails on the code the newcomer tried."""
+"""What a first user meets: git ignores what runs write and keeps the metrics; eval_every follows the data; a
+finished run is reused, resumed or refused in one line; progress lines come on time; common gold columns and
+sidecars are recognised; downloads under DVC name their variables; a small inbox file still gives every worker
+a shard; the smoke run trains on one thread."""
 
 from __future__ import annotations
 
@@ -10,13 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests import test_train
-from tests.test_train import TINY_MODEL, tiny_config
-
-prepared = test_train.prepared  # the 1,024 real training pairs, prepared once for the module
-aligned = test_train.aligned  # the module's vectors, aligned once
-fresh_workdir = test_train.fresh_workdir
-workdir = test_train.workdir  # a copy of the migrated store and of the vectors per test
+from tests.helpers import PREPARED_DEV_PAIRS, TINY_MODEL, tiny_config
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -252,7 +249,7 @@ def test_evaluation_prints_progress_on_time(prepared, workdir, capsys) -> None:
     settings = EvaluateSettings(batch_size=40, device="cpu", track=False)
     evaluate(trained.best_checkpoint, prepared / "dev.parquet", workdir / "x.json", settings, report_every_s=0.0)
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("evaluate ")]
-    labelled = test_train.DEV_PAIRS - 1  # one dev pair of the first 120 has gold '-'
+    labelled = PREPARED_DEV_PAIRS - 1  # one dev pair of the first 120 has gold '-'
     counts = [int(line.split()[1].split("/")[0]) for line in lines]  # "evaluate 40/119 (34%) pairs; ETA ..."
     assert len(counts) >= 2 and counts == sorted(set(counts)) and counts[-1] == labelled  # a line per batch
     assert all(re.fullmatch(rf"evaluate \d+/{labelled} \(\d+%\) pairs", line.split(";")[0]) for line in lines)
@@ -429,8 +426,7 @@ def test_a_pi_run_logs_no_rl_or_spinn_only_params() -> None:
 
 
 def test_the_smoke_run_trains_on_one_thread() -> None:
-    """Measured (issue 24 item 10): on two shared cores torch's two threads made the smoke run's 320 steps
-    take 86 s wall and most of its 76 CPU-s; on one thread they take seconds."""
+    """On two shared cores torch's threads wait on each other: the smoke run is quickest on one."""
     from flows.main import SMOKE_OVERRIDES
     from spinn.settings import nest
     from spinn.training.config import TrainConfig
