@@ -113,13 +113,13 @@ def _requests(params: Path | None, data_dir: Path, download: dict, training: lis
     the words every command uses; the requests resolve the same settings again as the flow's parameters."""
     from pydantic import ValidationError
 
-    from flows.settings import CorpusRequest, TrainRequest
+    from flows.requests import CorpusRequest, TrainRequest
     from spinn.data.embeddings import EmbeddingSettings
     from spinn.data.prepare import PrepareSettings
     from spinn.data.vocab import VocabSettings
     from spinn.errors import SpinnError
     from spinn.options import resolve
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     resolve(DownloadSettings, params, download)
     for stage in (PrepareSettings, VocabSettings, EmbeddingSettings):

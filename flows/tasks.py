@@ -22,9 +22,9 @@ from spinn.data.download import DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
-from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings
 from spinn.training.progress import REPORT_EVERY_S
+from spinn.training.train_config import TrainConfig
 
 DOWNLOAD_RETRIES = 3
 DOWNLOAD_RETRY_DELAYS_S = [10, 60, 300]

@@ -50,8 +50,8 @@ def main() -> None:
 
 
 def train_run(prepared: Path, folder: Path, arguments, processes: int, threads: int) -> dict:
-    from spinn.training.config import TrainConfig
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.build(
         {

@@ -75,9 +75,9 @@ def prepare(folder: Path) -> Path:
 
 def run(name: str, recipe: dict, prepared: Path, folder: Path, arguments) -> dict:
     from spinn.settings import overrides_from
-    from spinn.training.config import TrainConfig
     from spinn.training.evaluate import EvaluateSettings, evaluate
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     steps_per_epoch = -(-9842 // recipe["batch_size"])
     config = TrainConfig.build(

@@ -93,8 +93,8 @@ def write_raw(pair_ids: set[str], path: Path) -> Path:
 
 
 def train_variant(variant: str, prepared: Path, folder: Path, arguments) -> Path:
-    from spinn.training.config import TrainConfig
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.build(
         {
@@ -144,7 +144,7 @@ def label_raw(variant: str, parser: str, checkpoint: Path, raw: Path, folder: Pa
 
     from spinn.labeling.label import label
     from spinn.labeling.label_settings import LabelSettings
-    from spinn.parsing.settings import ParserSettings
+    from spinn.parsing.parser_settings import ParserSettings
 
     parsing = ParserSettings(stanza_dir=STANZA_DIR, cache_path=None, device="cpu")
     output = folder / f"{variant}-{parser}.parquet"

@@ -279,8 +279,8 @@ def _build_smoke(root: Path, migrated_store: Path) -> None:
     from spinn.data.prepare import PrepareSettings, prepare
     from spinn.data.smoke import write_smoke_corpus
     from spinn.data.vocab import vocab_stage
-    from spinn.training.config import TrainConfig
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     archive = write_smoke_corpus(root / "snli_1.0.zip")
     prepared = root / "prepared"
@@ -314,8 +314,8 @@ def smoke_store(smoke_model, tmp_path, monkeypatch) -> str:
 @pytest.fixture(scope="module")
 def rl_checkpoint(smoke_model, tmp_path_factory, migrated_store) -> Path:
     """A tiny rl model trained a few steps on the smoke splits: it labels on the trees it builds itself."""
-    from spinn.training.config import TrainConfig
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     root = tmp_path_factory.mktemp("rl-model")
     config = TrainConfig.build(

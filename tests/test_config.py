@@ -10,7 +10,7 @@ import pytest
 from spinn.errors import SpinnError
 from spinn.model.config import PRESETS
 from spinn.settings import overrides_from
-from spinn.training.config import PAPER_OPTIMIZATION, TrainConfig
+from spinn.training.train_config import PAPER_OPTIMIZATION, TrainConfig
 
 RELEASE_0_1 = Path(__file__).parent / "fixtures" / "release-0.1.0"
 PARAMS = """

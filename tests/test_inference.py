@@ -18,8 +18,8 @@ from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
 from spinn.inference.graphs import clone_batch, copy_into, refusal, shape_key, shape_report
+from spinn.inference.infer_step import InferStep
 from spinn.inference.predict import predict
-from spinn.inference.step import InferStep
 from spinn.model.batch import make_batch
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model

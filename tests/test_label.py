@@ -30,7 +30,7 @@ from spinn.labeling.label import label
 from spinn.labeling.label_settings import LabelSettings
 from spinn.labeling.published import rejects_file
 from spinn.labeling.shard_plan import parts_folder
-from spinn.parsing.settings import ParserSettings
+from spinn.parsing.parser_settings import ParserSettings
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary
 from tests.helpers import DAMAGES, damage_shard, smoke_pairs, stanza_dir, stop_before_the_merge, write_rows

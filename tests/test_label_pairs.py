@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from flows.label_pairs import LabelRequest
-from spinn.parsing.settings import DEFAULT_CACHE_PATH
+from spinn.parsing.parser_settings import DEFAULT_CACHE_PATH
 
 CLUSTER = SimpleNamespace(scheduler_address="tcp://127.0.0.1:8786")
 """What a local cluster gives the flow, for tests that only look at how it was started."""

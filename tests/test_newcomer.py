@@ -62,7 +62,7 @@ def test_default_eval_every_evaluates_a_small_run_several_times() -> None:
     """1,024 pairs at batch 32 are 32 steps an epoch: the shipped default must evaluate dev at least four
     times an epoch (the old 1000 never evaluated inside the 320 steps of ten epochs)."""
     from spinn.settings import DEFAULT_PARAMS
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.from_params(ROOT / DEFAULT_PARAMS).resolved("cpu", 1_024)
     steps_per_epoch = 1_024 // config.batch_size
@@ -71,13 +71,13 @@ def test_default_eval_every_evaluates_a_small_run_several_times() -> None:
 
 @pytest.mark.parametrize(("pairs", "expected"), [(1, 1), (1_024, 8), (SNLI_TRAIN_PAIRS, 1_000)])
 def test_auto_eval_every_follows_the_data(pairs: int, expected: int) -> None:
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     assert TrainConfig().resolved("cpu", pairs).eval_every == expected
 
 
 def test_an_explicit_eval_every_is_kept() -> None:
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     assert TrainConfig(eval_every=7).resolved("cpu", SNLI_TRAIN_PAIRS).eval_every == 7
 
@@ -111,7 +111,7 @@ def test_evaluate_flow_never_writes_what_dvc_declares(monkeypatch: pytest.Monkey
     the champion's test score with another model's train.json; it must write into a folder of its own."""
     from flows import evaluate_spinn as module
     from flows.caching import StageOutput
-    from flows.settings import EvaluateRequest
+    from flows.requests import EvaluateRequest
     from spinn.training.evaluate import report_path
 
     written: dict[str, object] = {}
@@ -201,11 +201,11 @@ def test_resume_with_nothing_to_resume_says_so_in_one_line(prepared, workdir) ->
 def test_the_identity_is_declared_once() -> None:
     """Folder digest and resume check read one list: a length setting is outside the identity, a learning
     setting inside it."""
-    from spinn.training import checkpoints, folders
+    from spinn.training import folders, resume
 
     config = tiny_config()
     assert "max_steps" not in config.identity() and "learning_rate" in config.identity()
-    assert not hasattr(checkpoints, "RESUMABLE_CHANGES") and not hasattr(folders, "BOOKKEEPING")
+    assert not hasattr(resume, "RESUMABLE_CHANGES") and not hasattr(folders, "BOOKKEEPING")
 
 
 class _FakeClock:
@@ -418,7 +418,7 @@ def test_a_small_inbox_file_is_cut_into_a_shard_per_worker(tmp_path: Path) -> No
 
 
 def test_a_pi_run_logs_no_rl_or_spinn_only_params() -> None:
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     pi = TrainConfig.build({"model": {"variant": "pi"}}).flat()
     assert "model.reward" not in pi and "model.entropy_weight" not in pi
@@ -433,7 +433,7 @@ def test_the_smoke_run_trains_on_one_thread() -> None:
     take 86 s wall and most of its 76 CPU-s; on one thread they take seconds."""
     from flows.main import SMOKE_OVERRIDES
     from spinn.settings import nest
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.build(nest(SMOKE_OVERRIDES.items()))
     assert config.threads == 1 and config.max_steps <= 320

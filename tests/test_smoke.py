@@ -186,9 +186,9 @@ def test_words_are_english(records: dict[str, list[dict]]) -> None:
 def test_the_smoke_settings_beat_chance(smoke_model, smoke_store, tmp_path):
     """What `spinn-pipeline --smoke` promises (README): its settings learn the corpus's rules, clearly above
     chance on test. The front-door tests run the same settings for two steps only: they check the wiring."""
-    from spinn.training.config import TrainConfig
     from spinn.training.evaluate import evaluate
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     prepared = smoke_model.prepared
     config = TrainConfig.build({**nest(SMOKE_OVERRIDES.items()), "device": "cpu", "threads": 1})

@@ -21,9 +21,9 @@ from spinn.data.prepare import prepare
 from spinn.data.vocab import Vocabulary, vocab_stage
 from spinn.errors import SpinnError, advice, option_name
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings, evaluate
 from spinn.training.train import train
+from spinn.training.train_config import TrainConfig
 from tests.conftest import copy_store
 
 TINY_MODEL = {"d_hidden": 16, "d_tracker": 8, "mlp_dim": 32, "mlp_layers": 1}

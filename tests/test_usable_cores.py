@@ -9,7 +9,7 @@ import pytest
 
 from spinn.cores import cgroup_quota_cores, usable_cores
 from spinn.data import prepare
-from spinn.parsing.settings import resolve_workers
+from spinn.parsing.parser_settings import resolve_workers
 
 MANY_CORES = set(range(16))
 

@@ -47,16 +47,16 @@ from spinn.cores import recheck, torch_threads, usable_cores
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.errors import SpinnError
-from spinn.inference.step import InferStep
+from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
 from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.settings import AUTO, Conflict, Settings, ThreadCount
-from spinn.training.config import check_trainable
 from spinn.training.loader import prefetch
-from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer
+from spinn.training.train_config import check_trainable
+from spinn.training.train_step import Schedule, StepOptions, TrainStep, make_optimizer
 
 Mode = Literal["train", "infer", "loop"]
 Implementation = Literal["fast", "reference"]
@@ -412,7 +412,7 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
 
     from spinn.labeling.label import label
     from spinn.labeling.label_settings import LabelSettings
-    from spinn.parsing.settings import decided
+    from spinn.parsing.parser_settings import decided
 
     settings = settings or LabelSettings().replace(parsing={"cache_path": None})
     with tempfile.TemporaryDirectory(prefix="spinn-bench-label-") as folder:

@@ -9,8 +9,8 @@ import click
 
 from spinn.cli.common import PATH, config_option, input_file, output_with_suffix
 from spinn.options import field_options, given, renamed_option, resolve
-from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings
+from spinn.training.train_config import TrainConfig
 
 
 @click.command()

@@ -23,7 +23,7 @@ from torch import Tensor
 from spinn.cores import recheck
 from spinn.data.example import Example
 from spinn.errors import SpinnError
-from spinn.inference.step import InferStep
+from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, sentence_batch
 from spinn.model.config import TransitionSource
 from spinn.model.spinn import SPINN, transition_counts

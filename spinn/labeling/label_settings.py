@@ -14,7 +14,7 @@ from pydantic import Field
 
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import Columns, Format
-from spinn.parsing.settings import ParserSettings
+from spinn.parsing.parser_settings import ParserSettings
 from spinn.settings import AUTO, Device, Settings, ThreadCount
 
 DEFAULT_SHARD_SIZE = 10_000

@@ -26,7 +26,7 @@ import torch
 
 from spinn.cores import decide
 from spinn.errors import SpinnError
-from spinn.inference.step import InferStep
+from spinn.inference.infer_step import InferStep
 from spinn.io import file_digest
 from spinn.labeling.label_settings import PARSER_AUTO, PARSER_MODEL, PARSER_STANZA, LabelSettings
 from spinn.model.checkpoint import Checkpoint, load_checkpoint

@@ -32,8 +32,8 @@ from spinn.data.split_files import prepared_files, with_partner
 from spinn.errors import SpinnWarning
 from spinn.io import atomic_paths, publishing
 from spinn.parsing.parser import SentenceParser
+from spinn.parsing.parser_settings import ParserSettings
 from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed
-from spinn.parsing.settings import ParserSettings
 from spinn.settings import Settings
 from spinn.trees.tokenize import tokenize
 

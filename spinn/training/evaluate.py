@@ -36,8 +36,8 @@ from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.split_files import with_partner
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError, SpinnWarning
+from spinn.inference.infer_step import InferStep
 from spinn.inference.predict import Predictions, predict
-from spinn.inference.step import InferStep
 from spinn.io import atomic_path, publishing, write_json
 from spinn.model.checkpoint import Checkpoint, check_vocabulary
 from spinn.model.config import SPINNConfig, TransitionSource

@@ -30,7 +30,7 @@ from spinn.data.vocab import VOCAB_FILENAME
 from spinn.errors import SpinnError
 from spinn.io import FolderLock, file_digest, tidy_folder
 from spinn.model.checkpoint import load_checkpoint
-from spinn.training.config import TrainConfig
+from spinn.training.train_config import TrainConfig
 
 RUNS_DIR = Path("data/runs")
 """The default root of run folders (`spinn train` without --output-dir)."""

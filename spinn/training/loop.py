@@ -1,7 +1,7 @@
 """The training loop: epochs of seeded, length-bucketed batches, logging, dev evaluation, checkpoints.
 
 Plain PyTorch: RMSprop with the paper's step decay, gradient clipping and
-periodic dev evaluation with early stopping (spinn.training.step runs each
+periodic dev evaluation with early stopping (spinn.training.train_step runs each
 step). Under torchrun every rank runs this loop on its share of each global
 batch; rank 0 (`topology.is_main`) alone evaluates, writes checkpoints and
 talks to MLflow, and the others meet it at the same points. best.pt gets the
@@ -26,12 +26,12 @@ from spinn.tracking import links
 from spinn.training import distributed
 from spinn.training.build import TrainingRun
 from spinn.training.calibration import fit_temperature
-from spinn.training.checkpoints import save_run
 from spinn.training.divergence import check_loss, check_weights
 from spinn.training.evaluate import Scored, predict_examples, transition_source
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT
 from spinn.training.loader import prefetch
 from spinn.training.progress import ProgressClock
+from spinn.training.resume import save_run
 from spinn.training.state import TrainState, budget_spent
 
 RL_METRICS = ("rl_reward", "rl_baseline", "policy_entropy", "reduce_fraction")

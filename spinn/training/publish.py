@@ -20,12 +20,12 @@ from spinn.model.checkpoint import load_checkpoint
 from spinn.tracking.register import SELECTION_METRIC
 from spinn.training import continuation, distributed
 from spinn.training.build import TrainingRun
-from spinn.training.checkpoints import save_run
-from spinn.training.config import TrainConfig
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT, REPORT_NAME
 from spinn.training.loop import calibrate_best, evaluate_dev
 from spinn.training.metrics import Metrics, plot_confusion
+from spinn.training.resume import save_run
 from spinn.training.state import TrainResult, TrainState
+from spinn.training.train_config import TrainConfig
 
 TRAIN_METRICS_NAME = "train.json"
 TRAIN_CURVE_NAME = "train_curve.csv"

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spinn.training.config import TrainConfig
+from spinn.training.train_config import TrainConfig
 
 
 @dataclass

@@ -23,11 +23,11 @@ from spinn.model.checkpoint import (
     save_checkpoint,
 )
 from spinn.training.build import TrainingRun
-from spinn.training.config import TrainConfig
 from spinn.training.distributed import Topology
 from spinn.training.folders import LAST_CHECKPOINT
 from spinn.training.metrics import Metrics
 from spinn.training.state import TrainState, budget_spent
+from spinn.training.train_config import TrainConfig
 
 
 def save_run(

@@ -22,8 +22,8 @@ from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
 from spinn.errors import SpinnError, redact
 from spinn.settings import DEFAULT_PARAMS, Layer, Settings
-from spinn.training.config import TrainConfig
 from spinn.training.evaluate import EvaluateSettings
+from spinn.training.train_config import TrainConfig
 
 DEFAULT_MODEL = "models:/spinn@champion"
 PARAMS_HELP = "params.yaml whose sections set what is left empty here (null: the defaults only)."

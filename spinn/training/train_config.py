@@ -19,7 +19,7 @@ from spinn.data.embeddings import EmbeddingSettings
 from spinn.memory import gib, usable_memory
 from spinn.model.config import PRESETS, VARIANTS, SPINNConfig
 from spinn.settings import AUTO, Conflict, Device, Layer, Settings, ThreadCount, count_or_auto, deep_merge, params_layer
-from spinn.training.step import Schedule
+from spinn.training.train_step import Schedule
 
 # Bowman et al. 2016, appendix table of tuned hyperparameters (300D models): initial
 # learning rate and L2 strength per variant. `cbow` takes the paper's sequence
