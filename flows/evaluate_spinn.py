@@ -26,7 +26,7 @@ from flows.caching import run_stage
 from flows.requests import EvaluateRequest
 from spinn import children
 from spinn.data.label_schemes import THREE_WAY
-from spinn.training.calibration import RELIABILITY_DIR
+from spinn.evaluation.calibration import RELIABILITY_DIR
 
 EVALUATIONS_DIR = Path("data/evaluations")
 """Where each evaluation without an explicit `output` gets its own folder."""

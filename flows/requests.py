@@ -21,8 +21,8 @@ from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
 from spinn.errors import SpinnError, redact
+from spinn.evaluation.evaluate import EvaluateSettings
 from spinn.settings import DEFAULT_PARAMS, Layer, Settings
-from spinn.training.evaluate import EvaluateSettings
 from spinn.training.train_config import TrainConfig
 
 DEFAULT_MODEL = "models:/spinn@champion"

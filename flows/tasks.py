@@ -22,8 +22,8 @@ from spinn.data.download import DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
-from spinn.training.evaluate import EvaluateSettings
-from spinn.training.progress import REPORT_EVERY_S
+from spinn.evaluation.evaluate import EvaluateSettings
+from spinn.progress import REPORT_EVERY_S
 from spinn.training.train_config import TrainConfig
 
 DOWNLOAD_RETRIES = 3
@@ -165,9 +165,9 @@ def train_stage(
 def evaluate_stage(
     model: str, data: Path, output: Path, plot: Path, predictions: Path, reliability: Path, settings: EvaluateSettings
 ) -> StageOutput:
-    """`reliability`: the folder of the reliability diagram and its bins (spinn.training.calibration)."""
-    from spinn.training.calibration import reliability_files
-    from spinn.training.evaluate import evaluate, report_path
+    """`reliability`: the folder of the reliability diagram and its bins (spinn.evaluation.calibration)."""
+    from spinn.evaluation.calibration import reliability_files
+    from spinn.evaluation.evaluate import evaluate, report_path
 
     metrics = evaluate(
         model,

@@ -23,7 +23,7 @@ from flows.caching import run_stage
 from flows.prepare_corpus import prepare_corpus
 from flows.requests import CorpusRequest, EvaluateOverrides, EvaluateRequest, TrainRequest
 from spinn import children
-from spinn.training.calibration import RELIABILITY_DIR
+from spinn.evaluation.calibration import RELIABILITY_DIR
 
 TEST_SPLIT = "test"
 

@@ -127,7 +127,7 @@ def train_variant(variant: str, prepared: Path, folder: Path, arguments) -> Path
 def score(variant: str, trees: str, checkpoint: Path, prepared: Path, raw: Path, folder: Path) -> dict:
     """Accuracy on the report half: on the corpus's parses (evaluate), or labelled from raw text (label)."""
     if trees == "gold":
-        from spinn.training.evaluate import EvaluateSettings, evaluate
+        from spinn.evaluation.evaluate import EvaluateSettings, evaluate
 
         metrics = evaluate(
             checkpoint,

@@ -288,7 +288,7 @@ def test_second_repro_of_a_committed_tree_is_a_no_op(project: Project):
 def test_touching_any_module_the_train_stage_imports_marks_it_changed(project: Project):
     """A module reached only through other imports (the policy, through the model) counts like the stage's own."""
     repo, env = project.repo, project.env
-    for module in ("spinn/model/policy.py", "spinn/training/evaluate.py", "spinn/model/checkpoint.py"):
+    for module in ("spinn/model/policy.py", "spinn/evaluation/evaluate.py", "spinn/model/checkpoint.py"):
         path = repo / module
         original = path.read_text(encoding="utf-8")
         path.write_text(original + "\n# touched\n", encoding="utf-8")

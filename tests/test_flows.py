@@ -22,10 +22,10 @@ from pydantic import ValidationError
 
 from flows.requests import CorpusRequest, EvaluateRequest, TrainRequest
 from spinn.data.smoke import write_smoke_corpus
+from spinn.evaluation.evaluate import report_path
 from spinn.io import file_digest
 from spinn.settings import nest
 from spinn.tracking.register import version_description
-from spinn.training.evaluate import report_path
 from tests.checkout import copy_checkout
 from tests.conftest import copy_store
 from tests.helpers import assert_the_thread_rule_ran, stanza_dir, thread_decisions, thread_rule_env, write_rows

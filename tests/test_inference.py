@@ -161,10 +161,10 @@ def test_predict_restores_training_mode_and_refuses_a_step_of_another_source(snl
 
 def test_evaluate_label_and_trees_agree_on_the_same_pairs(smoke_model, tmp_path):
     """The three commands that run a trained model give the same labels and the same trees, pair by pair."""
+    from spinn.evaluation.evaluate import predict_examples
     from spinn.labeling.induced_trees import TreesSettings, induce_trees
     from spinn.labeling.label import label
     from spinn.labeling.label_settings import LabelSettings
-    from spinn.training.evaluate import predict_examples
 
     loaded = load_model(smoke_model.checkpoint, CPU)
     raw = [pair for pair in read_raw_pairs(smoke_model.prepared / "test.parquet") if pair.label is not None]

@@ -20,6 +20,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("spinn.tracking",),
     ("spinn.model",),
     ("spinn.inference",),  # the one predict(): evaluation, labelling and trees run on it
+    ("spinn.evaluation",),  # the evaluate stage; training's dev evaluation scores with it
     ("spinn.training",),
     ("spinn.labeling",),
     ("spinn.serving",),  # the registered model as an MLflow pyfunc: labelling behind MLflow's interface
@@ -89,7 +90,7 @@ def test_the_check_sees_an_upward_import(tmp_path):
 def test_inference_sits_between_the_model_and_its_users():
     """Training's dev evaluation and labelling call inference; inference needs only the model and below."""
     inference = layer_of("spinn.inference.predict")
-    assert layer_of("spinn.model.spinn") < inference < layer_of("spinn.training.evaluate")
+    assert layer_of("spinn.model.spinn") < inference < layer_of("spinn.evaluation.evaluate")
     assert inference < layer_of("spinn.labeling.label")
 
 

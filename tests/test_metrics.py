@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from spinn.errors import SpinnError
-from spinn.training.metrics import confusion_matrix, plot_confusion, score
+from spinn.evaluation.metrics import confusion_matrix, plot_confusion, score
 
 E, N, C = 0, 1, 2  # entailment, neutral, contradiction (LABELS order)
 

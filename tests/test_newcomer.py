@@ -112,7 +112,7 @@ def test_evaluate_flow_never_writes_what_dvc_declares(monkeypatch: pytest.Monkey
     from flows import evaluate_spinn as module
     from flows.caching import StageOutput
     from flows.requests import EvaluateRequest
-    from spinn.training.evaluate import report_path
+    from spinn.evaluation.evaluate import report_path
 
     written: dict[str, object] = {}
 
@@ -217,7 +217,7 @@ class _FakeClock:
 
 
 def test_a_progress_line_is_due_on_time_with_an_eta() -> None:
-    from spinn.training.progress import ProgressClock
+    from spinn.progress import ProgressClock
 
     time = _FakeClock()
     clock = ProgressClock(total=100, every_s=30.0, done=10, clock=time)
@@ -246,7 +246,7 @@ def test_training_prints_progress_on_time_not_at_log_windows(prepared, workdir, 
 
 
 def test_evaluation_prints_progress_on_time(prepared, workdir, capsys) -> None:
-    from spinn.training.evaluate import EvaluateSettings, evaluate
+    from spinn.evaluation.evaluate import EvaluateSettings, evaluate
 
     trained = _fit(prepared, tiny_config(max_steps=1), output_dir=workdir / "m")
     settings = EvaluateSettings(batch_size=40, device="cpu", track=False)

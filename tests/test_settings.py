@@ -23,12 +23,12 @@ from spinn.data.download import DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
+from spinn.evaluation.evaluate import EvaluateSettings
 from spinn.labeling.induced_trees import TreesSettings
 from spinn.labeling.label_settings import LabelSettings
 from spinn.options import SEPARATOR
 from spinn.parsing.parse import ParseSettings
 from spinn.settings import Settings, settings_type
-from spinn.training.evaluate import EvaluateSettings
 from spinn.training.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

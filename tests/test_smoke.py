@@ -186,7 +186,7 @@ def test_words_are_english(records: dict[str, list[dict]]) -> None:
 def test_the_smoke_settings_beat_chance(smoke_model, smoke_store, tmp_path):
     """What `spinn-pipeline --smoke` promises (README): its settings learn the corpus's rules, clearly above
     chance on test. The front-door tests run the same settings for two steps only: they check the wiring."""
-    from spinn.training.evaluate import evaluate
+    from spinn.evaluation.evaluate import evaluate
     from spinn.training.train import train
     from spinn.training.train_config import TrainConfig
 

@@ -20,8 +20,8 @@ from spinn.data.embeddings import DEFAULT_CACHE_DIR, embeddings_stage
 from spinn.data.prepare import prepare
 from spinn.data.vocab import Vocabulary, vocab_stage
 from spinn.errors import SpinnError, advice, option_name
+from spinn.evaluation.evaluate import EvaluateSettings, evaluate
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from spinn.training.evaluate import EvaluateSettings, evaluate
 from spinn.training.train import train
 from spinn.training.train_config import TrainConfig
 from tests.conftest import copy_store
@@ -147,9 +147,9 @@ def test_best_pt_keeps_the_temperature_fitted_on_its_dev_logits_and_the_logged_m
     kept in best.pt and the logged MLflow model, logged as a metric at the best step."""
     import mlflow
 
+    from spinn.evaluation.calibration import fit_temperature
+    from spinn.evaluation.evaluate import predict_examples, read_examples
     from spinn.model.loading import load_model
-    from spinn.training.calibration import fit_temperature
-    from spinn.training.evaluate import predict_examples, read_examples
     from spinn.training.loop import labelling_source
 
     model = {"variant": variant, **TINY_MODEL}
@@ -625,7 +625,7 @@ def test_without_a_terminal_the_commands_print_whole_current_lines_and_dev_time_
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
-    from spinn.training.progress import REPORT_EVERY_S, report_interval
+    from spinn.progress import REPORT_EVERY_S, report_interval
 
     class Stream:
         def __init__(self, terminal: bool) -> None:

@@ -54,7 +54,7 @@ class Checkpoint:
     metrics: dict[str, Any] | None = None  # dev scores of the step saved, when it was evaluated
     temperature: float | None = None
     """What the classifier's logits are divided by before the softmax, fitted on dev after training
-    (spinn.training.calibration); None (checkpoints from before calibration): 1.0, the raw softmax."""
+    (spinn.evaluation.calibration); None (checkpoints from before calibration): 1.0, the raw softmax."""
 
     def to_dict(self) -> dict[str, Any]:
         """The file's contents: the format header, then every field (only plain data: weights_only loads it)."""

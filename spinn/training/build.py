@@ -18,6 +18,7 @@ from spinn.data.embeddings import load_settings_embeddings
 from spinn.data.example import Example
 from spinn.data.vocab import VOCAB_FILENAME, Vocabulary
 from spinn.errors import SpinnError
+from spinn.evaluation.evaluate import read_examples
 from spinn.inference.infer_step import InferStep
 from spinn.io import file_digest
 from spinn.model.config import SPINNConfig
@@ -25,7 +26,6 @@ from spinn.model.loading import resolve_device
 from spinn.model.spinn import SPINN
 from spinn.training import distributed
 from spinn.training.distributed import Topology
-from spinn.training.evaluate import read_examples
 from spinn.training.train_config import TrainConfig
 from spinn.training.train_step import StepOptions, TrainStep, make_optimizer
 

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from spinn.data.vocab import VOCAB_FILENAME
+from spinn.evaluation.metrics import Metrics, plot_confusion
 from spinn.io import atomic_path, publishing, write_json
 from spinn.model.checkpoint import load_checkpoint
 from spinn.tracking.register import SELECTION_METRIC
@@ -22,7 +23,6 @@ from spinn.training import continuation, distributed
 from spinn.training.build import TrainingRun
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT, REPORT_NAME
 from spinn.training.loop import calibrate_best, evaluate_dev
-from spinn.training.metrics import Metrics, plot_confusion
 from spinn.training.resume import save_run
 from spinn.training.state import TrainResult, TrainState
 from spinn.training.train_config import TrainConfig

@@ -14,6 +14,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from spinn.errors import SpinnError
+from spinn.evaluation.metrics import Metrics
 from spinn.model.checkpoint import (
     Checkpoint,
     check_vocabulary,
@@ -25,7 +26,6 @@ from spinn.model.checkpoint import (
 from spinn.training.build import TrainingRun
 from spinn.training.distributed import Topology
 from spinn.training.folders import LAST_CHECKPOINT
-from spinn.training.metrics import Metrics
 from spinn.training.state import TrainState, budget_spent
 from spinn.training.train_config import TrainConfig
 

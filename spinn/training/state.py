@@ -47,7 +47,7 @@ class TrainResult:
     pairs_per_second: float
     dev_metrics: dict[str, Any] = field(default_factory=dict)
     temperature: float = 1.0
-    """best.pt's softmax temperature, fitted on dev (spinn.training.calibration)."""
+    """best.pt's softmax temperature, fitted on dev (spinn.evaluation.calibration)."""
     eval_seconds: float = 0.0
 
 

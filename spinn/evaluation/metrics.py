@@ -15,8 +15,8 @@ import numpy as np
 
 from spinn.data.schema import LABELS
 from spinn.errors import SpinnError
+from spinn.evaluation.calibration import Calibration
 from spinn.model.checkpoint import DEV_SHARES_KEY
-from spinn.training.calibration import Calibration
 
 
 @dataclass(frozen=True)

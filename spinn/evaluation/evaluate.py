@@ -8,8 +8,8 @@ same numbers. The split is encoded with the model's vocabulary; the metrics
 report the share of its tokens outside it, with a warning when that is most
 of them. The probabilities are the model's own (its softmax temperature
 applied), and the metrics give their expected calibration error before and
-after that temperature (spinn.training.calibration). Every figure is in the
-split's own gold scheme (spinn.training.scheme_scores: a two-way corpus's
+after that temperature (spinn.evaluation.calibration). Every figure is in the
+split's own gold scheme (spinn.evaluation.scheme_scores: a two-way corpus's
 entailment / not_entailment; the identity for three-way splits).
 `predict_examples` is also what training calls for its periodic dev
 evaluation.
@@ -36,6 +36,9 @@ from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.split_files import with_partner
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
 from spinn.errors import SpinnError, SpinnWarning
+from spinn.evaluation.calibration import RELIABILITY_DIR, Calibration, reliability_files, write_reliability
+from spinn.evaluation.metrics import Metrics, plot_confusion, score
+from spinn.evaluation.scheme_scores import Judged, read_gold_split
 from spinn.inference.infer_step import InferStep
 from spinn.inference.predict import Predictions, predict
 from spinn.io import atomic_path, publishing, write_json
@@ -43,11 +46,8 @@ from spinn.model.checkpoint import Checkpoint, check_vocabulary
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
 from spinn.model.spinn import SPINN
+from spinn.progress import ProgressClock
 from spinn.settings import AUTO, Device, Settings, ThreadCount
-from spinn.training.calibration import RELIABILITY_DIR, Calibration, reliability_files, write_reliability
-from spinn.training.metrics import Metrics, plot_confusion, score
-from spinn.training.progress import ProgressClock
-from spinn.training.scheme_scores import Judged, read_gold_split
 from spinn.trees.transitions import bracket_counts
 
 EVAL_BATCH_SIZE = 256
@@ -206,7 +206,7 @@ def evaluate(
 ) -> Metrics:
     """Score a model on a prepared split in its gold scheme; write metrics JSON (and the confusion PNG, the
     predictions CSV, the reliability diagram and its bins in the folder `reliability`,
-    spinn.training.calibration). Gold values outside the scheme are a warning with counts.
+    spinn.evaluation.calibration). Gold values outside the scheme are a warning with counts.
 
     The probabilities are the model's own (its temperature applied); the metrics give the expected
     calibration error before (T = 1) and after it. Holds every file it writes (spinn.io.publishing): refused
