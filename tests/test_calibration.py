@@ -211,7 +211,7 @@ def test_evaluate_reports_ece_before_and_after_with_a_reliability_diagram(smoke_
 
 
 def test_spinn_label_writes_the_models_calibrated_probabilities_and_the_same_labels(smoke_model, tmp_path):
-    """The labelling path (spinn label and the pyfunc share label_pairs) applies the checkpoint's temperature."""
+    """The labelling path (spinn label and the pyfunc share labelled_rows) applies the checkpoint's temperature."""
     from spinn.labeling.label import label
     from spinn.labeling.label_settings import LabelSettings
 
