@@ -51,6 +51,7 @@ from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
 from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
+from spinn.model.parser_choice import auto_source
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.settings import AUTO, Conflict, Settings, ThreadCount
@@ -332,7 +333,7 @@ def _source(settings: BenchSettings, config: SPINNConfig) -> TransitionSource:
     if settings.impl == "reference":
         return TransitionSource.GOLD
     if settings.mode == "infer":
-        return TransitionSource.GREEDY if config.predicts_transitions else TransitionSource.GOLD
+        return auto_source(config)
     return config.training_source
 
 

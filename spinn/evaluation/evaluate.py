@@ -45,6 +45,7 @@ from spinn.io import atomic_path, publishing, write_json
 from spinn.model.checkpoint import Checkpoint, check_vocabulary
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
+from spinn.model.parser_choice import auto_source
 from spinn.model.spinn import SPINN
 from spinn.progress import ProgressClock
 from spinn.settings import AUTO, Device, Settings, ThreadCount
@@ -321,5 +322,6 @@ def transition_source(transitions: str, config: SPINNConfig) -> TransitionSource
     """The setting's `predicted` is the tracker's greedy run; `auto` is greedy for spinn and rl."""
     if transitions == "predicted" and not config.predicts_transitions:
         raise SpinnError(f"a {config.variant} model cannot predict transitions; only spinn and rl can")
-    greedy = transitions == "predicted" or (transitions == "auto" and config.predicts_transitions)
-    return TransitionSource.GREEDY if greedy else TransitionSource.GOLD
+    if transitions == "auto":
+        return auto_source(config)
+    return TransitionSource.GREEDY if transitions == "predicted" else TransitionSource.GOLD

@@ -25,13 +25,13 @@ from pathlib import Path
 import torch
 
 from spinn.cores import decide
-from spinn.errors import SpinnError
 from spinn.inference.infer_step import InferStep
 from spinn.io import file_digest
-from spinn.labeling.label_settings import PARSER_AUTO, PARSER_MODEL, PARSER_STANZA, LabelSettings
+from spinn.labeling.label_settings import LabelSettings
 from spinn.model.checkpoint import Checkpoint, load_checkpoint
-from spinn.model.config import SPINNConfig, TransitionSource
+from spinn.model.config import SPINNConfig
 from spinn.model.loading import LoadedModel, load_model, resolve_device
+from spinn.model.parser_choice import PARSER_STANZA, resolve_parser, trees_source
 from spinn.parsing.parse import TREES_NONE, TokenOnly
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parser
@@ -118,7 +118,7 @@ class Labeller:
         self.model_source = source
         self.loaded: LoadedModel = load_model(source.checkpoint, resolve_device(settings.device))
         self.parser_name = resolve_parser(settings.parser, self.loaded.model.config)
-        self.transitions = TransitionSource.GREEDY if self.parser_name == PARSER_MODEL else TransitionSource.GOLD
+        self.transitions = trees_source(self.parser_name)
         self.step = InferStep(self.loaded.model, self.transitions, int8=settings.int8)
         self.parser: Parser = (
             SentenceParser(settings.parsing)
@@ -136,18 +136,6 @@ class Labeller:
 
     def close(self) -> None:
         self.parser.close()
-
-
-def resolve_parser(parser: str, config: SPINNConfig) -> str:
-    """`auto`: a model that predicts its own transitions (spinn, rl) builds its own trees, so no parser loads
-    (SPINN's point: its tracker parses); pi and pi-nt were trained on parses and need Stanza's."""
-    if parser == PARSER_MODEL and not config.predicts_transitions:
-        raise SpinnError(
-            f"parser model needs a model that predicts its own transitions (spinn, rl); this one is {config.variant}"
-        )
-    if parser == PARSER_AUTO:
-        return PARSER_MODEL if config.predicts_transitions else PARSER_STANZA
-    return parser
 
 
 _WORKER_LABELLERS: dict[tuple[str, str], Labeller] = {}
