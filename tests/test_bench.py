@@ -130,7 +130,8 @@ def test_threads_option_is_reported_and_restored(corpus):
     assert torch.get_num_threads() == before
 
 
-def test_bf16_autocast_runs_on_cpu(corpus):
+def test_amp_is_accepted_on_the_cpu(corpus):
+    """--amp on the CPU runs (in fp32 there: spinn.model.precision) and is reported as asked."""
     assert bench(corpus, amp=True, **TINY)["amp"] is True
 
 

@@ -147,6 +147,25 @@ def test_a_heavy_dependency_has_one_door(package, door):
     assert importers == [door]
 
 
+LOWER_PRECISION = {"autocast", "bfloat16", "float16", "half"}
+"""torch's names for computing in less than fp32."""
+
+
+def torch_names(path: Path) -> set[str]:
+    """Every `torch.<name>` the file reads (torch.autocast, torch.bfloat16, ...)."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch"
+    }
+
+
+def test_lower_precision_is_decided_in_one_module():
+    """amp's autocast and its dtype are chosen in spinn/model/precision.py only; every step calls it."""
+    deciders = [str(path.relative_to(PACKAGE.parent)) for path in SOURCES if torch_names(path) & LOWER_PRECISION]
+    assert deciders == ["spinn/model/precision.py"]
+
+
 MAX_MODULE_LINES = 500
 """Issue 25: a module longer than this holds more than one concept; split it along its seams."""
 

@@ -52,6 +52,7 @@ from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, pad
 from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
 from spinn.model.parser_choice import auto_source
+from spinn.model.precision import autocast
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.settings import AUTO, Conflict, Settings, ThreadCount
@@ -101,7 +102,7 @@ class BenchSettings(Settings):
     device: Literal["cpu", "cuda"] = "cpu"
     """Where to run."""
     amp: bool = False
-    """bf16 autocast outside the encoder (its cells run in fp32)."""
+    """bf16 autocast on CUDA, the cells' state in fp32 (spinn.model.precision); the CPU computes in fp32."""
     graphs: bool = True
     """On CUDA, replay each batch shape's step from a CUDA graph."""
     count_ops: bool = False
@@ -310,7 +311,7 @@ def _reference_step(settings: BenchSettings, model: SPINN) -> Callable[[Batch], 
         model.eval()
 
         def infer(batch: Batch) -> None:
-            with torch.no_grad(), _autocast(settings.device, settings.amp):
+            with torch.no_grad(), autocast(torch.device(settings.device), settings.amp):
                 runner(batch, source=TransitionSource.GOLD)
 
         return infer
@@ -319,7 +320,7 @@ def _reference_step(settings: BenchSettings, model: SPINN) -> Callable[[Batch], 
 
     def train(batch: Batch) -> None:
         optimizer.zero_grad(set_to_none=True)
-        with _autocast(settings.device, settings.amp):
+        with autocast(torch.device(settings.device), settings.amp):
             loss = spinn_loss(runner(batch, source=TransitionSource.GOLD), batch, model.config).total
         loss.backward()
         optimizer.step()
@@ -358,10 +359,6 @@ def take_batches(examples: list[Example], batch_size: int, count: int, seed: int
     return [
         make_batch([examples[i] for i in indices], width_step=WIDTH_STEP) for indices in islice(cycle(order), count)
     ]
-
-
-def _autocast(device: str, amp: bool) -> contextlib.AbstractContextManager:
-    return torch.autocast(device_type=device, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
 
 
 def _time(step, batches: list[Batch], warmup: int, device: str) -> tuple[float, int]:
