@@ -147,6 +147,21 @@ def test_a_heavy_dependency_has_one_door(package, door):
     assert importers == [door]
 
 
+PACKAGE_MARKERS = {"__init__.py", "__main__.py"}
+"""File names every package may have: they name the package, not a concept."""
+
+
+def test_no_two_modules_share_a_file_name():
+    """A module's name says what it owns: two `settings.py` (or `step.py`) make a reader ask which one answers."""
+    flows = PACKAGE.parent / "flows"
+    by_name: dict[str, list[str]] = {}
+    for path in [*SOURCES, *sorted(flows.rglob("*.py"))]:
+        if path.name not in PACKAGE_MARKERS:
+            by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, shared
+
+
 LOWER_PRECISION = {"autocast", "bfloat16", "float16", "half"}
 """torch's names for computing in less than fp32."""
 
