@@ -23,7 +23,7 @@ from prefect.artifacts import create_table_artifact
 from flows import tasks
 from flows.artifacts import EVALUATION_KEY, evaluation_facts
 from flows.caching import run_stage
-from flows.requests import EvaluateRequest
+from flows.flow_requests import EvaluateRequest
 from spinn import children
 from spinn.data.label_schemes import THREE_WAY
 from spinn.evaluation.calibration import RELIABILITY_DIR

@@ -113,7 +113,7 @@ def _requests(params: Path | None, data_dir: Path, download: dict, training: lis
     the words every command uses; the requests resolve the same settings again as the flow's parameters."""
     from pydantic import ValidationError
 
-    from flows.requests import CorpusRequest, TrainRequest
+    from flows.flow_requests import CorpusRequest, TrainRequest
     from spinn.data.embeddings import EmbeddingSettings
     from spinn.data.prepare import PrepareSettings
     from spinn.data.vocab import VocabSettings

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from flows import tasks
 from flows.artifacts import PREPARED_CORPUS_KEY, PREPARED_VOCABULARY_KEY, split_counts, vocabulary_facts
 from flows.caching import run_stage
-from flows.requests import CorpusRequest
+from flows.flow_requests import CorpusRequest
 from spinn import children
 
 

@@ -20,7 +20,7 @@ from uuid import UUID
 import pytest
 from pydantic import ValidationError
 
-from flows.requests import CorpusRequest, EvaluateRequest, TrainRequest
+from flows.flow_requests import CorpusRequest, EvaluateRequest, TrainRequest
 from spinn.data.smoke import write_smoke_corpus
 from spinn.evaluation.evaluate import report_path
 from spinn.io import file_digest

@@ -7,6 +7,7 @@ a lazy import runs too), so the test needs nothing installed beyond the stdlib.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -160,6 +161,14 @@ def test_no_two_modules_share_a_file_name():
             by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
     shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
     assert not shared, shared
+
+
+def test_no_flow_module_hides_an_installed_one():
+    """Prefect runs a flow file with flows/ first on sys.path: a flows/requests.py was imported in place of the
+    requests library (and failed, half-initialised, inside spinn.data.fetch)."""
+    flows = PACKAGE.parent / "flows"
+    hidden = [path.name for path in sorted(flows.glob("*.py")) if importlib.util.find_spec(path.stem) is not None]
+    assert not hidden, hidden
 
 
 LOWER_PRECISION = {"autocast", "bfloat16", "float16", "half"}

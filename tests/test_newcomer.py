@@ -111,7 +111,7 @@ def test_evaluate_flow_never_writes_what_dvc_declares(monkeypatch: pytest.Monkey
     the champion's test score with another model's train.json; it must write into a folder of its own."""
     from flows import evaluate_spinn as module
     from flows.caching import StageOutput
-    from flows.requests import EvaluateRequest
+    from flows.flow_requests import EvaluateRequest
     from spinn.evaluation.evaluate import report_path
 
     written: dict[str, object] = {}

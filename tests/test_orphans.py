@@ -142,7 +142,7 @@ def test_a_flow_run_whose_worker_is_killed_stops_ends_its_runs_and_lets_go(prefe
     SIGKILLed once training has written its first checkpoint."""
     from prefect.client.orchestration import get_client
 
-    from flows.requests import CorpusRequest, TrainRequest
+    from flows.flow_requests import CorpusRequest, TrainRequest
     from flows.train_spinn import train_spinn
     from spinn.data.smoke import write_smoke_corpus
     from spinn.io import file_digest, lock_output_folder
