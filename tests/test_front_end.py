@@ -172,7 +172,7 @@ CASES = [
     pytest.param(
         "train",
         lambda d: ["--set", "model.d_tracker=0"],
-        "error: --set model.d_tracker: variant pi needs d_tracker >= 1",
+        "error: --set model.d_tracker: variant spinn needs d_tracker >= 1",
         id="train-no-tracker",
     ),
 ]
