@@ -24,9 +24,9 @@ from flows import tasks
 from flows.artifacts import EVALUATION_KEY, evaluation_facts
 from flows.caching import run_stage
 from flows.flow_requests import EvaluateRequest
-from spinn import children
 from spinn.data.label_schemes import THREE_WAY
 from spinn.evaluation.calibration import RELIABILITY_DIR
+from spinn.ground import children
 
 EVALUATIONS_DIR = Path("data/evaluations")
 """Where each evaluation without an explicit `output` gets its own folder."""

@@ -17,7 +17,7 @@ from flows import tasks
 from flows.artifacts import PREPARED_CORPUS_KEY, PREPARED_VOCABULARY_KEY, split_counts, vocabulary_facts
 from flows.caching import run_stage
 from flows.flow_requests import CorpusRequest
-from spinn import children
+from spinn.ground import children
 
 
 class PreparedCorpus(BaseModel):

@@ -23,7 +23,7 @@ from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
 from spinn.evaluation.evaluate import EvaluateSettings
-from spinn.progress import REPORT_EVERY_S
+from spinn.ground.progress import REPORT_EVERY_S
 from spinn.training.train_config import TrainConfig
 
 DOWNLOAD_RETRIES = 3
@@ -45,7 +45,7 @@ def say_how_to_fix(parameter: str) -> Callable[[Task, TaskRun, State], None]:
     def hook(_task: Task, _run: TaskRun, state: State) -> None:
         from prefect.logging import get_run_logger
 
-        from spinn.errors import advice
+        from spinn.ground.errors import advice
 
         fix = advice(state.result(raise_on_failure=False), lambda setting: f"{parameter}.{setting}")
         if fix:

@@ -22,8 +22,8 @@ from flows.artifacts import TRAINING_RUN_KEY, TRAINING_RUN_LINK_KEY, run_facts, 
 from flows.caching import run_stage
 from flows.flow_requests import CorpusRequest, EvaluateOverrides, EvaluateRequest, TrainRequest
 from flows.prepare_corpus import prepare_corpus
-from spinn import children
 from spinn.evaluation.calibration import RELIABILITY_DIR
+from spinn.ground import children
 
 TEST_SPLIT = "test"
 

@@ -75,7 +75,7 @@ def prepare(folder: Path) -> Path:
 
 def run(name: str, recipe: dict, prepared: Path, folder: Path, arguments) -> dict:
     from spinn.evaluation.evaluate import EvaluateSettings, evaluate
-    from spinn.settings import overrides_from
+    from spinn.ground.settings import overrides_from
     from spinn.training.train import train
     from spinn.training.train_config import TrainConfig
 

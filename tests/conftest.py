@@ -87,9 +87,9 @@ def server() -> Iterator[LocalServer]:
 
 @pytest.fixture(scope="session", autouse=True)
 def torch_threads_by_the_rule() -> None:
-    """This test process's torch threads by the rule every spinn process follows (spinn/cores.py): its share of
+    """This test process's torch threads by the rule every spinn process follows (spinn/ground/cores.py): its share of
     the cores, which the xdist workers split, within the cores other work leaves free."""
-    from spinn import cores
+    from spinn.ground import cores
 
     workers = int(os.environ.get(XDIST_WORKERS, "1"))
     cores.use_threads(cores.AUTO, sharing=workers, where="tests")

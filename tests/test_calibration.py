@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
 from spinn.evaluation.calibration import (
     CALIBRATED,
     UNCALIBRATED,
@@ -28,6 +27,7 @@ from spinn.evaluation.calibration import (
     negative_log_likelihood,
     softmax,
 )
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import load_checkpoint, save_checkpoint
 
 RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"

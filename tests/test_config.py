@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
+from spinn.ground.settings import overrides_from
 from spinn.model.config import DEFAULT_VARIANT, SPINNConfig
 from spinn.model.presets import PRESETS
-from spinn.settings import overrides_from
 from spinn.training.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import load_checkpoint, save_checkpoint
 from spinn.training.divergence import check_loss, check_weights
 from spinn.training.train import train

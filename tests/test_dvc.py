@@ -33,7 +33,7 @@ import yaml
 
 from spinn.data.schema import NO_CONSENSUS_LABEL
 from spinn.data.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
-from spinn.io import file_digest
+from spinn.ground.io import file_digest
 from spinn.model.checkpoint import load_checkpoint
 from tests.checkout import copy_checkout
 from tests.conftest import copy_store
@@ -242,8 +242,8 @@ def test_first_repro_builds_every_stage(project: Project):
 
 
 def test_the_stages_that_run_the_model_decide_their_threads_by_the_rule(project: Project):
-    """params.yaml's `threads: auto` in train and evaluate reaches each stage's process, decided by spinn/cores.py
-    with OpenMP's wait set before torch loaded."""
+    """params.yaml's `threads: auto` in train and evaluate reaches each stage's process, decided by
+    spinn/ground/cores.py with OpenMP's wait set before torch loaded."""
     for stage in ("train", "evaluate"):
         decisions = thread_decisions(project.workdir / THREADS_TRACE, stage)
         assert decisions and all(decision["argv"][1] == stage for decision in decisions)

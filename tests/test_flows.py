@@ -23,8 +23,8 @@ from pydantic import ValidationError
 from flows.flow_requests import CorpusRequest, EvaluateRequest, TrainRequest
 from spinn.data.smoke import write_smoke_corpus
 from spinn.evaluation.evaluate import report_path
-from spinn.io import file_digest
-from spinn.settings import nest
+from spinn.ground.io import file_digest
+from spinn.ground.settings import nest
 from spinn.tracking.register import version_description
 from tests.checkout import copy_checkout
 from tests.conftest import copy_store

@@ -16,7 +16,7 @@ import torch
 from spinn.bench import load_examples
 from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.inference.graphs import clone_batch, copy_into, refusal, shape_key, shape_report
 from spinn.inference.infer_step import InferStep
 from spinn.inference.predict import predict

@@ -21,7 +21,7 @@ from flows.artifacts import labelled_file_rows
 from spinn.cli import main
 from spinn.data.schema import LABELS
 from spinn.evaluation.metrics import Metrics
-from spinn.io import file_digest
+from spinn.ground.io import file_digest
 from spinn.labeling.label_settings import PROBABILITY_COLUMNS, LabelSettings
 from spinn.labeling.summary import NO_REFERENCE, LabelSummary, PredictionCounts, dev_label_shares, total_variation
 from spinn.labeling.track import LABELING_EXPERIMENT, OUTPUT_TAG, label_metrics

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from spinn.errors import SpinnError
 from spinn.evaluation.metrics import confusion_matrix, plot_confusion, score
+from spinn.ground.errors import SpinnError
 
 E, N, C = 0, 1, 2  # entailment, neutral, contradiction (LABELS order)
 

@@ -11,7 +11,7 @@ from torch.func import functional_call
 from spinn.bench.reference import ReferenceSPINN
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.addressing import gold_plan
 from spinn.model.batch import Batch, make_batch
 from spinn.model.config import TREE_VARIANTS, EncoderLoop, SPINNConfig, TransitionSource

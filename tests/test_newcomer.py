@@ -61,7 +61,7 @@ SNLI_TRAIN_PAIRS = 550_152
 def test_default_eval_every_evaluates_a_small_run_several_times() -> None:
     """1,024 pairs at batch 32 are 32 steps an epoch: the shipped default must evaluate dev at least four
     times an epoch (the old 1000 never evaluated inside the 320 steps of ten epochs)."""
-    from spinn.settings import DEFAULT_PARAMS
+    from spinn.ground.settings import DEFAULT_PARAMS
     from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.from_params(ROOT / DEFAULT_PARAMS).resolved("cpu", 1_024)
@@ -166,7 +166,7 @@ def test_the_same_finished_run_again_is_reused_without_any_cache(prepared, workd
 def test_a_longer_run_in_a_finished_runs_folder_is_still_refused(prepared, workdir) -> None:
     """Reuse is for the very same settings: asking for more steps without --resume must not return the
     shorter run's model."""
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
 
     _fit(prepared, tiny_config(max_steps=2), output_dir=workdir / "m")
     with pytest.raises(SpinnError, match="holds last.pt, best.pt of an earlier run"):
@@ -217,7 +217,7 @@ class _FakeClock:
 
 
 def test_a_progress_line_is_due_on_time_with_an_eta() -> None:
-    from spinn.progress import ProgressClock
+    from spinn.ground.progress import ProgressClock
 
     time = _FakeClock()
     clock = ProgressClock(total=100, every_s=30.0, done=10, clock=time)
@@ -306,7 +306,7 @@ def test_a_sidecar_names_a_files_columns(tmp_path: Path) -> None:
 def test_a_sidecar_with_an_unknown_role_is_refused(tmp_path: Path) -> None:
     from spinn.data.column_sidecar import sidecar_path
     from spinn.data.sentence_pairs import read_input_pairs
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
 
     path = _write_csv(tmp_path / "odd.csv", ["premise", "hypothesis"], [["a", "b"]])
     sidecar_path(path).write_text(json.dumps({"premis": "premise"}), encoding="utf-8")
@@ -432,7 +432,7 @@ def test_the_smoke_run_trains_on_one_thread() -> None:
     """Measured (issue 24 item 10): on two shared cores torch's two threads made the smoke run's 320 steps
     take 86 s wall and most of its 76 CPU-s; on one thread they take seconds."""
     from flows.main import SMOKE_OVERRIDES
-    from spinn.settings import nest
+    from spinn.ground.settings import nest
     from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.build(nest(SMOKE_OVERRIDES.items()))

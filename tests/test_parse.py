@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from spinn.data.rejects import RejectReason
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.parser_settings import ParserSettings
 from spinn.parsing.protocol import Parsed, Unparsed

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.precision import AMP_DTYPE, autocast, autocast_dtype, check_int8
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")

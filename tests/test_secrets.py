@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
-from spinn.errors import redact
-from spinn.io import LOCK_NAME, OUTPUT_LOCK_SUFFIX, lock_folder, publishing
+from spinn.ground.errors import redact
+from spinn.ground.io import LOCK_NAME, OUTPUT_LOCK_SUFFIX, lock_folder, publishing
 
 SECRET = "s3cr3t-token"
 OWNER_ONLY = 0o600

@@ -24,11 +24,11 @@ from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
 from spinn.evaluation.evaluate import EvaluateSettings
+from spinn.ground.settings import Settings, settings_type
 from spinn.labeling.induced_trees import TreesSettings
 from spinn.labeling.label_settings import LabelSettings
 from spinn.options import SEPARATOR
 from spinn.parsing.parse import ParseSettings
-from spinn.settings import Settings, settings_type
 from spinn.training.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

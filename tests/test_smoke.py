@@ -18,8 +18,8 @@ from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.data.smoke import HYPERNYMS, SMOKE_ARCHIVE_ROOT, SMOKE_SPLITS, smoke_records, write_smoke_corpus
 from spinn.data.vector_sources import GLOVE_6B_50D
 from spinn.data.vocab import vocabulary_from_counts
-from spinn.errors import SpinnError
-from spinn.settings import nest
+from spinn.ground.errors import SpinnError
+from spinn.ground.settings import nest
 from spinn.trees.tree import CLOSE, OPEN, parse_ptb
 
 FIELDS = {

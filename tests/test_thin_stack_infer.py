@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from spinn.cli import main
 from spinn.data.vocab import Vocabulary
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.inference.infer_step import InferStep
 from spinn.model.batch import Batch
 from spinn.model.checkpoint import Checkpoint, save_checkpoint

@@ -19,8 +19,8 @@ import torch
 from spinn.data.embeddings import DEFAULT_CACHE_DIR, embeddings_stage
 from spinn.data.prepare import prepare
 from spinn.data.vocab import Vocabulary, vocab_stage
-from spinn.errors import SpinnError, advice, option_name
 from spinn.evaluation.evaluate import EvaluateSettings, evaluate
+from spinn.ground.errors import SpinnError, advice, option_name
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from spinn.training.train import train
 from spinn.training.train_config import TrainConfig
@@ -527,7 +527,7 @@ def test_the_command_refuses_a_folder_holding_an_earlier_run_in_one_line(prepare
 
 
 def test_a_second_run_in_a_busy_folder_is_refused(prepared, workdir):
-    from spinn.io import FolderBusy, lock_output_folder
+    from spinn.ground.io import FolderBusy, lock_output_folder
 
     busy = f"in use by another run: pid {os.getpid()}"
     with lock_output_folder(workdir / "m"), pytest.raises(FolderBusy, match=busy):
@@ -625,7 +625,7 @@ def test_without_a_terminal_the_commands_print_whole_current_lines_and_dev_time_
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
-    from spinn.progress import REPORT_EVERY_S, report_interval
+    from spinn.ground.progress import REPORT_EVERY_S, report_interval
 
     class Stream:
         def __init__(self, terminal: bool) -> None:

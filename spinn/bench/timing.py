@@ -43,10 +43,11 @@ import torch
 from pydantic import Field, model_validator
 
 from spinn.bench.reference import ReferenceSPINN
-from spinn.cores import recheck, torch_threads, usable_cores
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
-from spinn.errors import SpinnError
+from spinn.ground.cores import recheck, torch_threads, usable_cores
+from spinn.ground.errors import SpinnError
+from spinn.ground.settings import AUTO, Conflict, Settings, ThreadCount
 from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
 from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
@@ -55,7 +56,6 @@ from spinn.model.parser_choice import auto_source
 from spinn.model.precision import autocast
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
-from spinn.settings import AUTO, Conflict, Settings, ThreadCount
 from spinn.training.loader import prefetch
 from spinn.training.train_config import check_trainable
 from spinn.training.train_step import Schedule, StepOptions, TrainStep, make_optimizer
@@ -110,7 +110,7 @@ class BenchSettings(Settings):
     profile: bool = False
     """Also profile kernels per step and the GPU's busy share (CUDA)."""
     threads: ThreadCount = AUTO
-    """torch intra-op threads; auto: the rule every command follows (spinn/cores.py: the cores other work leaves
+    """torch intra-op threads; auto: the rule every command follows (spinn/ground/cores.py: the cores other work leaves
     free, looked at again every second of timing)."""
     seed: int = 0
     """Seeds the weights, the resampling and the batch order."""

@@ -99,9 +99,9 @@ def train(
     **options: Any,
 ) -> None:
     """Train a SPINN model with MLflow tracking, checkpoints and model registration."""
-    from spinn.io import check_outputs
-    from spinn.progress import report_interval
-    from spinn.settings import set_layer
+    from spinn.ground.io import check_outputs
+    from spinn.ground.progress import report_interval
+    from spinn.ground.settings import set_layer
     from spinn.training.publish import metrics_files, write_metrics_files
     from spinn.training.train import train as train_stage
     from spinn.training.train import training_inputs
@@ -188,7 +188,7 @@ def evaluate(
     """Score a trained model on a prepared split in its gold scheme: accuracy, per-class P/R/F1, confusion."""
     from spinn.evaluation.evaluate import evaluate as evaluate_stage
     from spinn.evaluation.evaluate import report_path
-    from spinn.progress import report_interval
+    from spinn.ground.progress import report_interval
 
     settings = resolve(EvaluateSettings, config_path, given(EvaluateSettings, options))
     report_every_s = report_interval(None)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from spinn.data import f1_scores
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 ENTAILMENT = LABELS[0]
 AUTO = "auto"

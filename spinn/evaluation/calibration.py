@@ -25,9 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from spinn.errors import SpinnError
 from spinn.evaluation.figures import saved_figure
-from spinn.io import atomic_path
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import atomic_path
 
 ECE_BINS = 15
 """Equal-width bins of the top probability, as Guo et al. measured ECE."""

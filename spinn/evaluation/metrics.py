@@ -15,9 +15,9 @@ import numpy as np
 
 from spinn.data import f1_scores
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
 from spinn.evaluation.calibration import Calibration
 from spinn.evaluation.figures import saved_figure
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import DEV_SHARES_KEY
 
 

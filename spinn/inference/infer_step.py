@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.inference.graphs import Graphs
 from spinn.model.batch import Batch
 from spinn.model.config import EncoderLoop, SPINNConfig, TransitionSource

@@ -20,9 +20,9 @@ import numpy
 import torch
 from torch import Tensor
 
-from spinn.cores import recheck
 from spinn.data.example import Example
-from spinn.errors import SpinnError
+from spinn.ground.cores import recheck
+from spinn.ground.errors import SpinnError
 from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, sentence_batch
 from spinn.model.config import TransitionSource

@@ -12,9 +12,9 @@ from pydantic import Field
 
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import Columns, Format
+from spinn.ground.settings import AUTO, Device, Settings, ThreadCount
 from spinn.model.parser_choice import PARSER_AUTO, ParserChoice
 from spinn.parsing.parser_settings import ParserSettings
-from spinn.settings import AUTO, Device, Settings, ThreadCount
 
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_BATCH_SIZE = 256
@@ -68,7 +68,7 @@ class LabelSettings(Settings):
     less arithmetic, and labels that agree with fp32 on most pairs, not all (99.5% of SNLI test measured)."""
     threads: ThreadCount = AUTO
     """torch threads for the model on CPU; auto: the cores other work leaves free, within this process's share of
-    the cores it may use (split with parser worker processes), followed as they change (spinn/cores.py). The
+    the cores it may use (split with parser worker processes), followed as they change (spinn/ground/cores.py). The
     labels do not depend on it."""
     max_rejected: float = Field(1.0, ge=0.0, le=1.0)
     """The share of rows that may be rejected before the run fails (its output still written, the reasons in

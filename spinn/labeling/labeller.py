@@ -24,9 +24,10 @@ from pathlib import Path
 
 import torch
 
-from spinn.cores import decide
+from spinn.ground.cores import decide
+from spinn.ground.io import file_digest
+from spinn.ground.paths import refuse_special_file
 from spinn.inference.infer_step import InferStep
-from spinn.io import file_digest
 from spinn.labeling.label_settings import LabelSettings
 from spinn.model.checkpoint import Checkpoint, load_checkpoint
 from spinn.model.config import SPINNConfig
@@ -35,7 +36,6 @@ from spinn.model.parser_choice import PARSER_STANZA, resolve_parser, trees_sourc
 from spinn.parsing.parse import TREES_NONE, TokenOnly
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parser
-from spinn.paths import refuse_special_file
 
 
 class ModelSource:
@@ -127,7 +127,7 @@ class Labeller:
         )
         # Parser worker processes parse the next shard while the model labels this one: they share the cores.
         self.sharing = 1 + (self.parser.workers if self.parser.workers > 1 else 0)
-        # the model's torch threads as the run starts (auto follows the free cores as it runs: spinn/cores.py)
+        # the model's torch threads as the run starts (auto follows the free cores as it runs: spinn/ground/cores.py)
         self.threads = decide(settings.threads, self.sharing).threads
 
     @property

@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from spinn.data.label_schemes import AUTO, Agreement, agreement, outside_words
 from spinn.data.rejects import RejectReason
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.labeling.label_settings import GOLD_COLUMN, PROBABILITY_COLUMNS
 from spinn.model.checkpoint import DEV_SHARES_KEY, Checkpoint
 from spinn.model.parser_choice import PARSER_STANZA

@@ -19,9 +19,9 @@ from typing import Any, Self
 
 import torch
 
-from spinn.errors import SpinnError, refused_checkpoint
-from spinn.io import atomic_path
-from spinn.paths import refuse_special_file
+from spinn.ground.errors import SpinnError, refused_checkpoint
+from spinn.ground.io import atomic_path
+from spinn.ground.paths import refuse_special_file
 
 CHECKPOINT_FORMAT = "spinn.checkpoint"
 CHECKPOINT_VERSION = 1

@@ -8,8 +8,8 @@ from typing import Any, Literal, get_args
 from pydantic import Field, model_validator
 
 from spinn.data.schema import LABELS
+from spinn.ground.settings import Conflict, Settings
 from spinn.model.policy import Baseline, Reward
-from spinn.settings import Conflict, Settings
 from spinn.trees.transitions import Transition
 
 Variant = Literal["pi-nt", "pi", "spinn", "rl", "cbow"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.config import SPINNConfig, TransitionSource
 
 PARSER_STANZA = "stanza"

@@ -12,7 +12,7 @@ import contextlib
 
 import torch
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 AMP_DTYPE = torch.bfloat16
 """What amp computes the matmuls in: bf16 keeps fp32's range, so no loss scaling is needed."""

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model import spec, thin_stack_forward, thin_stack_infer
 from spinn.model.addressing import Layout, StepPlan
 from spinn.model.batch import Batch

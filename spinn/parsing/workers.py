@@ -17,8 +17,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from spinn.children import exit_with_parent
-from spinn.cores import use_threads
+from spinn.ground.children import exit_with_parent
+from spinn.ground.cores import use_threads
 from spinn.parsing.cpu import freeze_for_life, gc_frozen
 from spinn.parsing.parser_settings import ParserSettings, resolve_gpu
 from spinn.parsing.protocol import Parsed, Unparsed

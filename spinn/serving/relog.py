@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spinn.data.vocab import VOCAB_FILENAME
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import load_checkpoint
 from spinn.model.config import SPINNConfig
 from spinn.model.parser_choice import needs_parser

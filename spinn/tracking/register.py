@@ -40,8 +40,8 @@ import torch
 
 import spinn
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
-from spinn.io import file_digest
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import file_digest
 from spinn.parsing.parse import SENTENCES
 from spinn.parsing.parser_settings import ParserSettings
 from spinn.tracking import store as tracking

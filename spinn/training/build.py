@@ -17,10 +17,10 @@ import torch
 from spinn.data.embeddings import load_settings_embeddings
 from spinn.data.example import Example
 from spinn.data.vocab import VOCAB_FILENAME, Vocabulary
-from spinn.errors import SpinnError
 from spinn.evaluation.evaluate import read_examples
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import file_digest
 from spinn.inference.infer_step import InferStep
-from spinn.io import file_digest
 from spinn.model.config import SPINNConfig
 from spinn.model.loading import resolve_device
 from spinn.model.spinn import SPINN

@@ -17,14 +17,14 @@ from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
-from spinn.cores import recheck
 from spinn.evaluation.calibration import fit_temperature
 from spinn.evaluation.evaluate import Scored, predict_examples, transition_source
+from spinn.ground.cores import recheck
+from spinn.ground.progress import ProgressClock
 from spinn.model.batch import bucket_batches
 from spinn.model.checkpoint import load_checkpoint, rng_states, save_checkpoint
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model
-from spinn.progress import ProgressClock
 from spinn.tracking import links
 from spinn.training import distributed
 from spinn.training.build import TrainingRun

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from spinn.data.vocab import VOCAB_FILENAME
 from spinn.evaluation.metrics import Metrics, plot_confusion
-from spinn.io import atomic_path, publishing, write_json
+from spinn.ground.io import atomic_path, publishing, write_json
 from spinn.model.checkpoint import load_checkpoint
 from spinn.model.parser_choice import needs_parser
 from spinn.tracking.register import SELECTION_METRIC

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
-from spinn.io import atomic_path
+from spinn.ground.io import atomic_path
 from spinn.training import distributed
 from spinn.training.state import TrainResult
 from spinn.training.train_config import TrainConfig

@@ -13,8 +13,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from spinn.errors import SpinnError
 from spinn.evaluation.metrics import Metrics
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import (
     Checkpoint,
     check_vocabulary,

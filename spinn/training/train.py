@@ -20,11 +20,11 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from spinn.cores import torch_threads
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
 from spinn.data.split_files import with_partner
-from spinn.errors import SpinnError
-from spinn.io import FolderLock, check_outputs, lock_output_folder
+from spinn.ground.cores import torch_threads
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import FolderLock, check_outputs, lock_output_folder
 from spinn.training import distributed
 from spinn.training.build import TrainingRun, build_run
 from spinn.training.continuation import continuation_name, continuation_tags, finished_run

@@ -16,10 +16,20 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from spinn.data.embeddings import EmbeddingSettings
-from spinn.memory import gib, usable_memory
+from spinn.ground.memory import gib, usable_memory
+from spinn.ground.settings import (
+    AUTO,
+    Conflict,
+    Device,
+    Layer,
+    Settings,
+    ThreadCount,
+    count_or_auto,
+    deep_merge,
+    params_layer,
+)
 from spinn.model.config import DEFAULT_VARIANT, VARIANTS, SPINNConfig
 from spinn.model.presets import PRESETS
-from spinn.settings import AUTO, Conflict, Device, Layer, Settings, ThreadCount, count_or_auto, deep_merge, params_layer
 from spinn.training.train_step import Schedule
 
 REFERENCE_BATCH_SIZE = 32
@@ -119,7 +129,7 @@ class TrainConfig(Settings):
     """bf16 autocast on GPU (cell state stays fp32)."""
     threads: ThreadCount = AUTO
     """torch intra-op threads on CPU; auto: the cores other work leaves free, within this process's share of the
-    cores it may use (a torchrun rank's: OMP_NUM_THREADS), followed as they change (spinn/cores.py)."""
+    cores it may use (a torchrun rank's: OMP_NUM_THREADS), followed as they change (spinn/ground/cores.py)."""
     experiment: str = "spinn"
     """MLflow experiment."""
     registered_model: str = "spinn"
