@@ -22,7 +22,7 @@ from prefect.context import TaskRunContext
 from pydantic import BaseModel
 
 import spinn
-from spinn.io import file_digest
+from spinn.ground.io import file_digest
 
 CACHED_STATE = "Cached"
 

@@ -23,10 +23,10 @@ from prefect.artifacts import create_table_artifact
 from flows import tasks
 from flows.artifacts import EVALUATION_KEY, evaluation_facts
 from flows.caching import run_stage
-from flows.settings import EvaluateRequest
-from spinn import children
+from flows.flow_requests import EvaluateRequest
 from spinn.data.label_schemes import THREE_WAY
-from spinn.training.calibration import RELIABILITY_DIR
+from spinn.evaluation.calibration import RELIABILITY_DIR
+from spinn.ground import children
 
 EVALUATIONS_DIR = Path("data/evaluations")
 """Where each evaluation without an explicit `output` gets its own folder."""

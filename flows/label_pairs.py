@@ -54,16 +54,16 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.artifacts import labelled_file_rows
 from flows.threads import side_by_side
-from spinn import children
-from spinn.cores import child_environment, usable_cores
 from spinn.data.sentence_pairs import readable_suffixes
-from spinn.errors import SpinnError, one_line
-from spinn.io import atomic_path, file_digest
+from spinn.ground import children
+from spinn.ground.cores import child_environment, usable_cores
+from spinn.ground.errors import SpinnError, one_line
+from spinn.ground.io import atomic_path, file_digest
+from spinn.ground.settings import AUTO, count_or_auto
 from spinn.labeling.label_settings import LabelSettings
 from spinn.labeling.shard_plan import spread_over
 from spinn.labeling.summary import TooManyRejected
 from spinn.labeling.track import label_metrics, log_label_run
-from spinn.settings import AUTO, count_or_auto
 
 INDEX_NAME = "index.json"
 LABELS_SUFFIX = ".labels.parquet"
@@ -146,7 +146,7 @@ class LabelRequest(BaseModel):
 
     def worker_settings(self) -> LabelSettings:
         """The label settings the Dask workers run: an auto `threads` is decided in each worker by the rule of
-        spinn/cores.py, within the worker's share of its machine's cores (OMP_NUM_THREADS: on the local cluster
+        spinn/ground/cores.py, within the worker's share of its machine's cores (OMP_NUM_THREADS: on the local cluster
         this machine's usable cores split among its workers, see dask_cluster; Dask's own default is 1)."""
         return self.label_settings()
 

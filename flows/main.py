@@ -20,8 +20,8 @@ import click
 
 from spinn.cli.common import SharedEntry
 from spinn.data.download import DOWNLOAD_VARIABLES, DownloadSettings
+from spinn.ground.settings import DEFAULT_PARAMS, Layer, deep_merge, describe, nest, set_layer
 from spinn.options import field_options, given
-from spinn.settings import DEFAULT_PARAMS, Layer, deep_merge, describe, nest, set_layer
 
 EPHEMERAL_STARTUP_TIMEOUT_S = "120"
 """Prefect's temporary server takes 10-20 s to start on two cores; its 20 s default is too tight."""
@@ -113,13 +113,13 @@ def _requests(params: Path | None, data_dir: Path, download: dict, training: lis
     the words every command uses; the requests resolve the same settings again as the flow's parameters."""
     from pydantic import ValidationError
 
-    from flows.settings import CorpusRequest, TrainRequest
+    from flows.flow_requests import CorpusRequest, TrainRequest
     from spinn.data.embeddings import EmbeddingSettings
     from spinn.data.prepare import PrepareSettings
     from spinn.data.vocab import VocabSettings
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
     from spinn.options import resolve
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     resolve(DownloadSettings, params, download)
     for stage in (PrepareSettings, VocabSettings, EmbeddingSettings):
@@ -143,10 +143,10 @@ def _smoke_key(key: str) -> str:
 
 def _fail(error: BaseException, debug: bool) -> NoReturn:
     """The one `error: ...` line and exit status 1 by the rule every `spinn` command follows
-    (spinn.errors.failure_line: a SpinnError, a full disk, a tracking server that did not answer); anything
+    (spinn.ground.errors.failure_line: a SpinnError, a full disk, a tracking server that did not answer); anything
     else, or any failure with `--debug`, raises with its traceback."""
     from spinn.cli import EXIT_USER_ERROR
-    from spinn.errors import failure_line, option_name
+    from spinn.ground.errors import failure_line, option_name
 
     line = failure_line(error, option_name)
     if debug or line is None:
@@ -200,7 +200,7 @@ def _quiet_failures() -> None:
 def _smoke_archive(data_dir: Path) -> tuple[Path, str]:
     """Generate the synthetic corpus (deterministic bytes) and return it with its checksum."""
     from spinn.data.smoke import write_smoke_corpus
-    from spinn.io import file_digest
+    from spinn.ground.io import file_digest
 
     archive = write_smoke_corpus(data_dir / "source" / SMOKE_ARCHIVE)
     return archive, f"sha256:{file_digest(archive, 'sha256')}"

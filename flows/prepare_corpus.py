@@ -16,8 +16,8 @@ from pydantic import BaseModel
 from flows import tasks
 from flows.artifacts import PREPARED_CORPUS_KEY, PREPARED_VOCABULARY_KEY, split_counts, vocabulary_facts
 from flows.caching import run_stage
-from flows.settings import CorpusRequest
-from spinn import children
+from flows.flow_requests import CorpusRequest
+from spinn.ground import children
 
 
 class PreparedCorpus(BaseModel):

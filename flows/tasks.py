@@ -22,9 +22,9 @@ from spinn.data.download import DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
-from spinn.training.config import TrainConfig
-from spinn.training.evaluate import EvaluateSettings
-from spinn.training.progress import REPORT_EVERY_S
+from spinn.evaluation.evaluate import EvaluateSettings
+from spinn.ground.progress import REPORT_EVERY_S
+from spinn.training.train_config import TrainConfig
 
 DOWNLOAD_RETRIES = 3
 DOWNLOAD_RETRY_DELAYS_S = [10, 60, 300]
@@ -45,7 +45,7 @@ def say_how_to_fix(parameter: str) -> Callable[[Task, TaskRun, State], None]:
     def hook(_task: Task, _run: TaskRun, state: State) -> None:
         from prefect.logging import get_run_logger
 
-        from spinn.errors import advice
+        from spinn.ground.errors import advice
 
         fix = advice(state.result(raise_on_failure=False), lambda setting: f"{parameter}.{setting}")
         if fix:
@@ -165,9 +165,9 @@ def train_stage(
 def evaluate_stage(
     model: str, data: Path, output: Path, plot: Path, predictions: Path, reliability: Path, settings: EvaluateSettings
 ) -> StageOutput:
-    """`reliability`: the folder of the reliability diagram and its bins (spinn.training.calibration)."""
-    from spinn.training.calibration import reliability_files
-    from spinn.training.evaluate import evaluate, report_path
+    """`reliability`: the folder of the reliability diagram and its bins (spinn.evaluation.calibration)."""
+    from spinn.evaluation.calibration import reliability_files
+    from spinn.evaluation.evaluate import evaluate, report_path
 
     metrics = evaluate(
         model,

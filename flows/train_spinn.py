@@ -20,10 +20,10 @@ from pydantic import BaseModel
 from flows import tasks
 from flows.artifacts import TRAINING_RUN_KEY, TRAINING_RUN_LINK_KEY, run_facts, run_link_markdown
 from flows.caching import run_stage
+from flows.flow_requests import CorpusRequest, EvaluateOverrides, EvaluateRequest, TrainRequest
 from flows.prepare_corpus import prepare_corpus
-from flows.settings import CorpusRequest, EvaluateOverrides, EvaluateRequest, TrainRequest
-from spinn import children
-from spinn.training.calibration import RELIABILITY_DIR
+from spinn.evaluation.calibration import RELIABILITY_DIR
+from spinn.ground import children
 
 TEST_SPLIT = "test"
 

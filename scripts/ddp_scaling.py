@@ -50,8 +50,8 @@ def main() -> None:
 
 
 def train_run(prepared: Path, folder: Path, arguments, processes: int, threads: int) -> dict:
-    from spinn.training.config import TrainConfig
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.build(
         {
@@ -90,7 +90,7 @@ def train_run(prepared: Path, folder: Path, arguments, processes: int, threads: 
 def time_evaluation(checkpoint: str, prepared: Path, arguments) -> dict:
     """One dev evaluation as rank 0 runs it (one process), timed on the 9,824 SNLI test pairs: a dev split
     of full SNLI's size."""
-    from spinn.training.evaluate import EvaluateSettings, evaluate
+    from spinn.evaluation.evaluate import EvaluateSettings, evaluate
 
     start = time.perf_counter()
     scored = evaluate(

@@ -754,7 +754,7 @@ def new_model(sizes: Sizes, variant: str, vocab_size: int, device, seed: int = S
 
 def new_trainer(model, graphs: bool, network=None, amp: bool = False):
     """spinn train's step (foreach RMSprop, capturable on CUDA, clipping, device metrics) on `model`."""
-    from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer
+    from spinn.training.train_step import Schedule, StepOptions, TrainStep, make_optimizer
 
     schedule = Schedule(base=1e-3, decay=0.75, decay_steps=10)
     optimizer = make_optimizer(model, schedule, 1e-5, next(model.parameters()).device)
@@ -1064,8 +1064,8 @@ PREDICT_CALLS = 3
 
 def part_graphs_predict(part: Part) -> None:
     """predict() with inference graphs against eager predict(), every variant and inference source."""
+    from spinn.inference.infer_step import InferStep
     from spinn.inference.predict import predict
-    from spinn.inference.step import InferStep
     from spinn.model.config import TransitionSource
 
     examples, vocab_size = snli_examples(part.test_file, part.sizes.predict_pairs, labelled=False)
@@ -1185,7 +1185,7 @@ WARMUP_BATCHES = 10
 
 def train_config(part: Part, files: Prepared, variant: str, steps: int, batch: int, every: int, **changes: Any):
     """spinn train's settings for a short run: the variant's paper preset at the part's size."""
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     model = {key: value for key, value in model_config(part.sizes, variant).items() if key != "d_embed"}
     values = dict(
@@ -1207,8 +1207,8 @@ def train_without_tracking(part: Part, files: Prepared, config, folder: Path, re
     """What `spinn train` runs, MLflow aside (the GPU image has none): the run built, resumed from last.pt
     when asked, the loop with its checkpoints, dev evaluations and metric reads."""
     from spinn.training.build import build_run
-    from spinn.training.checkpoints import resume_run
     from spinn.training.loop import loop
+    from spinn.training.resume import resume_run
     from spinn.training.state import TrainState
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -1641,8 +1641,8 @@ def part_capture(part: Part) -> None:
     trees sampled on the device), the pair inference step of pi (gold) and spinn (greedy, stacks on the device),
     and predict's sentence encoder over SNLI test."""
     from spinn.bench import take_batches
+    from spinn.inference.infer_step import InferStep
     from spinn.inference.predict import predict
-    from spinn.inference.step import InferStep
     from spinn.model.config import TransitionSource
 
     sizes = part.sizes

@@ -74,10 +74,10 @@ def prepare(folder: Path) -> Path:
 
 
 def run(name: str, recipe: dict, prepared: Path, folder: Path, arguments) -> dict:
-    from spinn.settings import overrides_from
-    from spinn.training.config import TrainConfig
-    from spinn.training.evaluate import EvaluateSettings, evaluate
+    from spinn.evaluation.evaluate import EvaluateSettings, evaluate
+    from spinn.ground.settings import overrides_from
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     steps_per_epoch = -(-9842 // recipe["batch_size"])
     config = TrainConfig.build(

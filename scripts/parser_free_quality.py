@@ -93,8 +93,8 @@ def write_raw(pair_ids: set[str], path: Path) -> Path:
 
 
 def train_variant(variant: str, prepared: Path, folder: Path, arguments) -> Path:
-    from spinn.training.config import TrainConfig
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.build(
         {
@@ -127,7 +127,7 @@ def train_variant(variant: str, prepared: Path, folder: Path, arguments) -> Path
 def score(variant: str, trees: str, checkpoint: Path, prepared: Path, raw: Path, folder: Path) -> dict:
     """Accuracy on the report half: on the corpus's parses (evaluate), or labelled from raw text (label)."""
     if trees == "gold":
-        from spinn.training.evaluate import EvaluateSettings, evaluate
+        from spinn.evaluation.evaluate import EvaluateSettings, evaluate
 
         metrics = evaluate(
             checkpoint,
@@ -144,7 +144,7 @@ def label_raw(variant: str, parser: str, checkpoint: Path, raw: Path, folder: Pa
 
     from spinn.labeling.label import label
     from spinn.labeling.label_settings import LabelSettings
-    from spinn.parsing.settings import ParserSettings
+    from spinn.parsing.parser_settings import ParserSettings
 
     parsing = ParserSettings(stanza_dir=STANZA_DIR, cache_path=None, device="cpu")
     output = folder / f"{variant}-{parser}.parquet"

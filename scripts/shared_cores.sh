@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Training and labelling on cores that other work shares: `threads: auto` (the rule of spinn/cores.py) against one
+# Training and labelling on cores that other work shares: `threads: auto` (the rule of spinn/ground/cores.py) against one
 # thread, and optionally against another checkout's `spinn` (BASELINE, e.g. the previous release's auto), with the
 # cores idle, with one busy process per core beside the run, and with two. A busy process is a pure-Python loop
 # (`while True: pass`), started before the measured command and stopped after it.
@@ -39,7 +39,7 @@ stop_neighbours() {
   neighbours=()
 }
 trap 'stop_neighbours; rm -rf "$work"' EXIT
-cores=$("$python" -c 'from spinn.cores import usable_cores; print(usable_cores())')
+cores=$("$python" -c 'from spinn.ground.cores import usable_cores; print(usable_cores())')
 
 if [[ ! -e $model ]]; then
   "$python" - "$snli/snli_1.0_dev.jsonl.gz" "$model" <<'EOF'
@@ -112,8 +112,8 @@ print(f"{result['pairs_per_second']:.1f} {start if start == end else f'{start}-{
 EOF
 }
 
-# name:spinn:label threads:train threads:GOMP_SPINCOUNT (spinn/cores.py's, or libgomp's own for the baseline)
-spin=$("$python" -c 'from spinn.cores import OPENMP_WAIT; print(OPENMP_WAIT["GOMP_SPINCOUNT"])')
+# name:spinn:label threads:train threads:GOMP_SPINCOUNT (spinn/ground/cores.py's, or libgomp's own for the baseline)
+spin=$("$python" -c 'from spinn.ground.cores import OPENMP_WAIT; print(OPENMP_WAIT["GOMP_SPINCOUNT"])')
 cases=("auto:$spinn:auto:auto:$spin" "1:$spinn:1:1:$spin")
 [[ -n ${GOMP_DEFAULT:-} ]] && cases+=("auto-gomp:$spinn:auto:auto:$LIBGOMP_SPIN")
 [[ -n $baseline ]] && cases+=("baseline:$baseline:auto:$cores:$LIBGOMP_SPIN")

@@ -33,8 +33,8 @@ import torch
 
 from spinn.data.token_agreement import TokenAgreement, token_agreement
 from spinn.parsing.parser import SentenceParser
+from spinn.parsing.parser_settings import ParserSettings
 from spinn.parsing.protocol import Parsed
-from spinn.parsing.settings import ParserSettings
 from spinn.trees.tokenize import CLOSING_QUOTE, OPENING_QUOTE, tokenize
 
 STANZA_DIR = Path(__file__).resolve().parents[2] / "shared" / "stanza" / "stanza_resources"

@@ -22,7 +22,7 @@ import click
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
-from spinn.settings import Layer, Settings, settings_type
+from spinn.ground.settings import Layer, Settings, settings_type
 
 F = TypeVar("F", bound=Callable[..., Any])
 SEPARATOR = "__"

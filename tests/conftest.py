@@ -89,9 +89,9 @@ def server() -> Iterator[LocalServer]:
 
 @pytest.fixture(scope="session", autouse=True)
 def torch_threads_by_the_rule() -> None:
-    """This test process's torch threads by the rule every spinn process follows (spinn/cores.py): its share of
+    """This test process's torch threads by the rule every spinn process follows (spinn/ground/cores.py): its share of
     the cores, which the xdist workers split, within the cores other work leaves free."""
-    from spinn import cores
+    from spinn.ground import cores
 
     workers = int(os.environ.get(XDIST_WORKERS, "1"))
     cores.use_threads(cores.AUTO, sharing=workers, where="tests")
@@ -252,8 +252,8 @@ def _build_smoke(root: Path, migrated_store: Path) -> None:
     from spinn.data.prepare import PrepareSettings, prepare
     from spinn.data.smoke import write_smoke_corpus
     from spinn.data.vocab import vocab_stage
-    from spinn.training.config import TrainConfig
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     archive = write_smoke_corpus(root / "snli_1.0.zip")
     prepared = root / "prepared"
@@ -295,8 +295,8 @@ def rl_checkpoint(smoke_model, tmp_path_factory, migrated_store) -> Path:
 
 
 def _build_rl(root: Path, smoke_model: SmokeModel, migrated_store: Path) -> None:
-    from spinn.training.config import TrainConfig
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.build(
         {

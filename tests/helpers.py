@@ -3,7 +3,7 @@ tests/test_layers.py checks it): where ../shared's real SNLI files and Stanza mo
 executable, the one tiny training model and its command, a migrated MLflow store's copy, a copy of the
 checkout, README's commands, the smoke corpus's pairs as plain rows, files of rows, hand-written two-way corpus
 files (GLUE, HANS, SciTail), the one-error-line check, damaged label runs, the label flow's Prefect records, the
-process checks of the kill tests, the thread rule's trace (spinn/cores.py) that the end-to-end tests read, and
+process checks of the kill tests, the thread rule's trace (spinn/ground/cores.py) that the end-to-end tests read, and
 tiny float64 models with seeded synthetic batches (no ../shared needed) for the encoder tests."""
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from spinn import cores
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
+from spinn.ground import cores
 from spinn.model.batch import Batch, make_batch
 from spinn.model.config import TREE_VARIANTS, SPINNConfig, TransitionSource
 from spinn.model.policy import draw_uniforms
 from spinn.model.spinn import SPINN, random_vectors
-from spinn.training.config import TrainConfig
+from spinn.training.train_config import TrainConfig
 from spinn.trees.transitions import REDUCE, SHIFT
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -299,7 +299,7 @@ def stop_before_the_merge(monkeypatch) -> None:
     """The next label runs stop once every shard is labelled, before their merge publishes anything: the parts
     folder keeps the plan and every shard, as a run killed at that moment leaves it."""
     import spinn.labeling.label as label_module
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
 
     def stopped(*args, **kwargs):
         raise SpinnError("stopped before the merge")
@@ -448,7 +448,7 @@ FREE_CORES_SEEN = 1.0
 
 def thread_rule_env(trace: Path) -> dict[str, str]:
     """The variables that make every spinn process write its thread decisions to `trace`, under a stubbed
-    free-core reading (spinn/cores.py)."""
+    free-core reading (spinn/ground/cores.py)."""
     return {cores.TRACE_VARIABLE: str(trace), cores.FREE_CORES_VARIABLE: str(FREE_CORES_SEEN)}
 
 

@@ -14,7 +14,7 @@ from spinn.data.example import Example
 from spinn.data.pairs import RawPair, corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
 from spinn.data.vocab import PAD_ID, UNK_ID
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.batch import BUCKET_NOISE, bucket_batches, make_batch, padding_fraction
 from spinn.trees.transitions import PAD_TRANSITION, Transition, check_transitions, read_binary_parse
 

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from spinn.bench import BenchSettings, run_bench
-from spinn.cores import FREE_CORES_VARIABLE
-from spinn.errors import SpinnError
+from spinn.ground.cores import FREE_CORES_VARIABLE
+from spinn.ground.errors import SpinnError
 from spinn.trees.transitions import read_binary_parse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,7 +129,8 @@ def test_threads_option_is_reported_and_restored(corpus):
     assert torch.get_num_threads() == before
 
 
-def test_bf16_autocast_runs_on_cpu(corpus):
+def test_amp_is_accepted_on_the_cpu(corpus):
+    """--amp on the CPU runs (in fp32 there: spinn.model.precision) and is reported as asked."""
     assert bench(corpus, amp=True, **TINY)["amp"] is True
 
 
@@ -213,7 +214,7 @@ RELEASE = ROOT / "tests" / "fixtures" / "release-0.1.0"
 def test_label_bench_reports_parse_model_and_end_to_end_speeds(monkeypatch):
     """The model builds its own trees here (no Stanza): the stage runs and every speed is a number."""
     from spinn.bench import run_label_bench
-    from spinn.cores import FREE_CORES_VARIABLE, usable_cores
+    from spinn.ground.cores import FREE_CORES_VARIABLE, usable_cores
     from spinn.labeling.label_settings import LabelSettings
 
     monkeypatch.setenv(FREE_CORES_VARIABLE, str(usable_cores()))  # idle cores

@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import main
-from spinn.io import file_digest
+from spinn.ground.io import file_digest
 from tests.helpers import write_rows
 
 HUGE_TOKENS = "100000000"

@@ -18,9 +18,7 @@ import pytest
 import torch
 
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
-from spinn.model.checkpoint import load_checkpoint, save_checkpoint
-from spinn.training.calibration import (
+from spinn.evaluation.calibration import (
     CALIBRATED,
     UNCALIBRATED,
     Calibration,
@@ -29,6 +27,8 @@ from spinn.training.calibration import (
     negative_log_likelihood,
     softmax,
 )
+from spinn.ground.errors import SpinnError
+from spinn.model.checkpoint import load_checkpoint, save_checkpoint
 
 RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
 CALIBRATED_PAIRS = 20_000
@@ -138,10 +138,10 @@ def with_temperature(checkpoint: Path, temperature: float | None, path: Path) ->
 
 def test_predict_divides_the_logits_and_keeps_every_label(smoke_model):
     """On a real trained model: softmax(logits / T), the same argmax at every temperature."""
+    from spinn.evaluation.evaluate import read_examples
     from spinn.inference.predict import predict
     from spinn.model.config import TransitionSource
     from spinn.model.loading import load_model
-    from spinn.training.evaluate import read_examples
 
     loaded = load_model(smoke_model.checkpoint, torch.device("cpu"))
     examples = read_examples(smoke_model.prepared / "test.parquet", loaded.vocabulary)
@@ -159,7 +159,7 @@ def test_predict_divides_the_logits_and_keeps_every_label(smoke_model):
 
 def test_a_release_0_1_0_checkpoint_predicts_at_temperature_one(tmp_path):
     """Old checkpoints have no temperature: they load, evaluate and report T = 1 (nothing moved)."""
-    from spinn.training.evaluate import EvaluateSettings, evaluate
+    from spinn.evaluation.evaluate import EvaluateSettings, evaluate
 
     saved = load_checkpoint(RELEASE / "checkpoint.pt")
     assert saved.temperature is None and saved.softmax_temperature == 1.0
@@ -182,7 +182,7 @@ def test_evaluate_reports_ece_before_and_after_with_a_reliability_diagram(smoke_
     run (metrics and the diagram's files) and the reliability folder (a PNG and a CSV per probability set)."""
     import mlflow
 
-    from spinn.training.evaluate import EvaluateSettings, evaluate
+    from spinn.evaluation.evaluate import EvaluateSettings, evaluate
 
     saved = load_checkpoint(smoke_model.checkpoint)
     assert saved.temperature is not None and saved.temperature > 0  # training fitted one
@@ -211,7 +211,7 @@ def test_evaluate_reports_ece_before_and_after_with_a_reliability_diagram(smoke_
 
 
 def test_spinn_label_writes_the_models_calibrated_probabilities_and_the_same_labels(smoke_model, tmp_path):
-    """The labelling path (spinn label and the pyfunc share label_pairs) applies the checkpoint's temperature."""
+    """The labelling path (spinn label and the pyfunc share labelled_rows) applies the checkpoint's temperature."""
     from spinn.labeling.label import label
     from spinn.labeling.label_settings import LabelSettings
 

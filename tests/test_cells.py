@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.cells import FRESH, GatedCell, LocalDerivatives, Reduce, StepOut, Tracker
 from spinn.model.config import EncoderLoop, TransitionSource
 from spinn.model.spinn import SPINN, SPINNOutput, spinn_loss

@@ -1,5 +1,5 @@
 """A checkpoint torch refuses, or one whose weights do not fit its config, is said in one
-line the user can act on (spinn.errors.refused_checkpoint, misfit_weights), on real torch failures.
+line the user can act on (spinn.ground.errors.refused_checkpoint, misfit_weights), on real torch failures.
 
 The model loaders call these where torch fails (spinn/model: after the split of that package lands).
 """
@@ -12,7 +12,7 @@ import pickle
 import pytest
 import torch
 
-from spinn.errors import misfit_weights, refused_checkpoint
+from spinn.ground.errors import misfit_weights, refused_checkpoint
 
 
 def test_a_checkpoint_torch_refuses_is_never_answered_with_weights_only_false(tmp_path):

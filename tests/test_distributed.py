@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn import cores
 from spinn.data.example import Example
+from spinn.ground import cores
 from spinn.model.checkpoint import load_checkpoint
 from spinn.training.distributed import Topology, make_share, share
 from tests.helpers import assert_the_thread_rule_ran, copy_store, thread_decisions, thread_rule_env
@@ -59,10 +59,10 @@ if os.environ.get("RANK", "0") != "0":
             if name.split(".")[0] == "mlflow":
                 raise ImportError(f"rank {os.environ['RANK']} imported {name}")
     sys.meta_path.insert(0, _NoMlflow())
-    import spinn.io
+    import spinn.ground.io
     def _refuse(path):
         raise RuntimeError(f"rank {os.environ['RANK']} tried to publish {path}")
-    spinn.io.atomic_path = _refuse
+    spinn.ground.io.atomic_path = _refuse
 """
 
 

@@ -10,11 +10,11 @@ import torch
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import load_checkpoint, save_checkpoint
-from spinn.training.config import TrainConfig
 from spinn.training.divergence import check_loss, check_weights
 from spinn.training.train import train
+from spinn.training.train_config import TrainConfig
 from tests.helpers import TINY_MODEL, smoke_pairs, write_rows
 
 DIVERGING = 1e30

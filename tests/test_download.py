@@ -13,7 +13,7 @@ import pytest
 
 from spinn.data.download import CORPORA, DownloadResult, download_corpus, extract_zip
 from spinn.data.fetch import Checksum, DownloadError
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from tests.httpserver import LocalServer
 
 pytestmark = pytest.mark.integration

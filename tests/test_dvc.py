@@ -33,7 +33,7 @@ import yaml
 
 from spinn.data.schema import NO_CONSENSUS_LABEL
 from spinn.data.smoke import SMOKE_ARCHIVE_ROOT, write_smoke_corpus
-from spinn.io import file_digest
+from spinn.ground.io import file_digest
 from spinn.model.checkpoint import load_checkpoint
 from tests.helpers import (
     TINY_MODEL,
@@ -243,8 +243,8 @@ def test_first_repro_builds_every_stage(project: Project):
 
 
 def test_the_stages_that_run_the_model_decide_their_threads_by_the_rule(project: Project):
-    """params.yaml's `threads: auto` in train and evaluate reaches each stage's process, decided by spinn/cores.py
-    with OpenMP's wait set before torch loaded."""
+    """params.yaml's `threads: auto` in train and evaluate reaches each stage's process, decided by
+    spinn/ground/cores.py with OpenMP's wait set before torch loaded."""
     for stage in ("train", "evaluate"):
         decisions = thread_decisions(project.workdir / THREADS_TRACE, stage)
         assert decisions and all(decision["argv"][1] == stage for decision in decisions)
@@ -289,7 +289,7 @@ def test_second_repro_of_a_committed_tree_is_a_no_op(project: Project):
 def test_touching_any_module_the_train_stage_imports_marks_it_changed(project: Project):
     """A module reached only through other imports (the policy, through the model) counts like the stage's own."""
     repo, env = project.repo, project.env
-    for module in ("spinn/model/policy.py", "spinn/training/evaluate.py", "spinn/model/checkpoint.py"):
+    for module in ("spinn/model/policy.py", "spinn/evaluation/evaluate.py", "spinn/model/checkpoint.py"):
         path = repo / module
         original = path.read_text(encoding="utf-8")
         path.write_text(original + "\n# touched\n", encoding="utf-8")

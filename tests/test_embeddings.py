@@ -17,7 +17,7 @@ import spinn.data.embeddings as embeddings
 from spinn.data.embeddings import EmbeddingReport, OOVPolicy, load_embeddings
 from spinn.data.vector_sources import GLOVE_6B_50D, fetch_source
 from spinn.data.vocab import PAD_ID, SPECIALS, UNK_ID, Vocabulary
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from tests.httpserver import LocalServer
 
 TINY_DIM = 3

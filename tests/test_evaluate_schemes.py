@@ -23,8 +23,8 @@ from spinn.cli import EXIT_USER_ERROR, main
 from spinn.data.label_schemes import SCHEMES
 from spinn.data.pairs import read_raw_pairs, split_gold_scheme
 from spinn.data.schema import GOLD_COLUMN, LABELS
+from spinn.evaluation.evaluate import EvaluateSettings, evaluate, report_path
 from spinn.model.checkpoint import load_checkpoint
-from spinn.training.evaluate import EvaluateSettings, evaluate, report_path
 from tests.helpers import SCHEME_FILES, SCHEME_PAIRS, glue_file
 
 RELEASE_PAIRS = Path(__file__).parent / "fixtures" / "release-0.1.0" / "pairs.parquet"
@@ -172,8 +172,8 @@ def test_a_gold_value_outside_the_scheme_is_a_warning_with_counts_and_scores_not
 def test_a_three_way_split_scores_exactly_as_before(smoke_model, tmp_path):
     """The smoke test split in the identity scheme: metrics.json is, to the last bit, what the three-way scoring
     gave (training's Scored.metrics and Calibration.of over the same predictions), the CSV the label names."""
+    from spinn.evaluation.evaluate import predict_examples, read_examples, transition_source
     from spinn.model.loading import load_model
-    from spinn.training.evaluate import predict_examples, read_examples, transition_source
 
     test = smoke_model.prepared / "test.parquet"
     assert split_gold_scheme(test) is None and GOLD_COLUMN not in pq.read_schema(test).names  # prepare's

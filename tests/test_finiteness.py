@@ -20,7 +20,7 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import load_checkpoint, save_checkpoint
 from tests.helpers import one_error_line, smoke_pairs, write_rows
 

@@ -58,8 +58,8 @@ SNLI_TRAIN_PAIRS = 550_152
 def test_default_eval_every_evaluates_a_small_run_several_times() -> None:
     """1,024 pairs at batch 32 are 32 steps an epoch: the shipped default must evaluate dev at least four
     times an epoch (the old 1000 never evaluated inside the 320 steps of ten epochs)."""
-    from spinn.settings import DEFAULT_PARAMS
-    from spinn.training.config import TrainConfig
+    from spinn.ground.settings import DEFAULT_PARAMS
+    from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.from_params(ROOT / DEFAULT_PARAMS).resolved("cpu", 1_024)
     steps_per_epoch = 1_024 // config.batch_size
@@ -68,13 +68,13 @@ def test_default_eval_every_evaluates_a_small_run_several_times() -> None:
 
 @pytest.mark.parametrize(("pairs", "expected"), [(1, 1), (1_024, 8), (SNLI_TRAIN_PAIRS, 1_000)])
 def test_auto_eval_every_follows_the_data(pairs: int, expected: int) -> None:
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     assert TrainConfig().resolved("cpu", pairs).eval_every == expected
 
 
 def test_an_explicit_eval_every_is_kept() -> None:
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     assert TrainConfig(eval_every=7).resolved("cpu", SNLI_TRAIN_PAIRS).eval_every == 7
 
@@ -108,8 +108,8 @@ def test_evaluate_flow_never_writes_what_dvc_declares(monkeypatch: pytest.Monkey
     the champion's test score with another model's train.json; it must write into a folder of its own."""
     from flows import evaluate_spinn as module
     from flows.caching import StageOutput
-    from flows.settings import EvaluateRequest
-    from spinn.training.evaluate import report_path
+    from flows.flow_requests import EvaluateRequest
+    from spinn.evaluation.evaluate import report_path
 
     written: dict[str, object] = {}
 
@@ -163,7 +163,7 @@ def test_the_same_finished_run_again_is_reused_without_any_cache(prepared, workd
 def test_a_longer_run_in_a_finished_runs_folder_is_still_refused(prepared, workdir) -> None:
     """Reuse is for the very same settings: asking for more steps without --resume must not return the
     shorter run's model."""
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
 
     _fit(prepared, tiny_config(max_steps=2), output_dir=workdir / "m")
     with pytest.raises(SpinnError, match="holds last.pt, best.pt of an earlier run"):
@@ -198,11 +198,11 @@ def test_resume_with_nothing_to_resume_says_so_in_one_line(prepared, workdir) ->
 def test_the_identity_is_declared_once() -> None:
     """Folder digest and resume check read one list: a length setting is outside the identity, a learning
     setting inside it."""
-    from spinn.training import checkpoints, folders
+    from spinn.training import folders, resume
 
     config = tiny_config()
     assert "max_steps" not in config.identity() and "learning_rate" in config.identity()
-    assert not hasattr(checkpoints, "RESUMABLE_CHANGES") and not hasattr(folders, "BOOKKEEPING")
+    assert not hasattr(resume, "RESUMABLE_CHANGES") and not hasattr(folders, "BOOKKEEPING")
 
 
 class _FakeClock:
@@ -214,7 +214,7 @@ class _FakeClock:
 
 
 def test_a_progress_line_is_due_on_time_with_an_eta() -> None:
-    from spinn.training.progress import ProgressClock
+    from spinn.ground.progress import ProgressClock
 
     time = _FakeClock()
     clock = ProgressClock(total=100, every_s=30.0, done=10, clock=time)
@@ -243,7 +243,7 @@ def test_training_prints_progress_on_time_not_at_log_windows(prepared, workdir, 
 
 
 def test_evaluation_prints_progress_on_time(prepared, workdir, capsys) -> None:
-    from spinn.training.evaluate import EvaluateSettings, evaluate
+    from spinn.evaluation.evaluate import EvaluateSettings, evaluate
 
     trained = _fit(prepared, tiny_config(max_steps=1), output_dir=workdir / "m")
     settings = EvaluateSettings(batch_size=40, device="cpu", track=False)
@@ -303,7 +303,7 @@ def test_a_sidecar_names_a_files_columns(tmp_path: Path) -> None:
 def test_a_sidecar_with_an_unknown_role_is_refused(tmp_path: Path) -> None:
     from spinn.data.column_sidecar import sidecar_path
     from spinn.data.sentence_pairs import read_input_pairs
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
 
     path = _write_csv(tmp_path / "odd.csv", ["premise", "hypothesis"], [["a", "b"]])
     sidecar_path(path).write_text(json.dumps({"premis": "premise"}), encoding="utf-8")
@@ -415,7 +415,7 @@ def test_a_small_inbox_file_is_cut_into_a_shard_per_worker(tmp_path: Path) -> No
 
 
 def test_a_pi_run_logs_no_rl_or_spinn_only_params() -> None:
-    from spinn.training.config import TrainConfig
+    from spinn.training.train_config import TrainConfig
 
     pi = TrainConfig.build({"model": {"variant": "pi"}}).flat()
     assert "model.reward" not in pi and "model.entropy_weight" not in pi
@@ -428,8 +428,8 @@ def test_a_pi_run_logs_no_rl_or_spinn_only_params() -> None:
 def test_the_smoke_run_trains_on_one_thread() -> None:
     """On two shared cores torch's threads wait on each other: the smoke run is quickest on one."""
     from flows.main import SMOKE_OVERRIDES
-    from spinn.settings import nest
-    from spinn.training.config import TrainConfig
+    from spinn.ground.settings import nest
+    from spinn.training.train_config import TrainConfig
 
     config = TrainConfig.build(nest(SMOKE_OVERRIDES.items()))
     assert config.threads == 1 and config.max_steps <= 320

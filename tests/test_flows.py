@@ -20,12 +20,12 @@ from uuid import UUID
 import pytest
 from pydantic import ValidationError
 
-from flows.settings import CorpusRequest, EvaluateRequest, TrainRequest
+from flows.flow_requests import CorpusRequest, EvaluateRequest, TrainRequest
 from spinn.data.smoke import write_smoke_corpus
-from spinn.io import file_digest
-from spinn.settings import nest
+from spinn.evaluation.evaluate import report_path
+from spinn.ground.io import file_digest
+from spinn.ground.settings import nest
 from spinn.tracking.register import version_description
-from spinn.training.evaluate import report_path
 from tests.helpers import (
     TINY_MODEL,
     assert_the_thread_rule_ran,

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from spinn.training.config import TrainConfig
 from spinn.training.folders import run_folder
+from spinn.training.train_config import TrainConfig
 
 
 @pytest.fixture

@@ -172,7 +172,7 @@ CASES = [
     pytest.param(
         "train",
         lambda d: ["--set", "model.d_tracker=0"],
-        "error: --set model.d_tracker: variant pi needs d_tracker >= 1",
+        "error: --set model.d_tracker: variant spinn needs d_tracker >= 1",
         id="train-no-tracker",
     ),
 ]
@@ -273,13 +273,13 @@ THREAD_OPTIONS = [
     }.items()
     for option in options
 ]
-"""Every command that runs torch, with each of its thread options (spinn/cores.py bounds them all)."""
+"""Every command that runs torch, with each of its thread options (spinn/ground/cores.py bounds them all)."""
 
 
 @pytest.mark.parametrize(("command", "option"), THREAD_OPTIONS)
 def test_more_threads_than_the_machine_can_run_are_one_error_line(command, option, tmp_path, monkeypatch):
     """`--threads 100000` made libgomp print `Out of memory`; it is refused before any work, naming the option."""
-    from spinn import cores
+    from spinn.ground import cores
 
     monkeypatch.chdir(tmp_path)
     folder = inputs(tmp_path)

@@ -15,10 +15,10 @@ import torch
 from spinn.bench import load_examples
 from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.inference.graphs import clone_batch, copy_into, refusal, shape_key, shape_report
+from spinn.inference.infer_step import InferStep
 from spinn.inference.predict import predict
-from spinn.inference.step import InferStep
 from spinn.model.batch import make_batch
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model
@@ -153,10 +153,10 @@ def test_predict_restores_training_mode_and_refuses_a_step_of_another_source(snl
 
 def test_evaluate_label_and_trees_agree_on_the_same_pairs(smoke_model, tmp_path):
     """The three commands that run a trained model give the same labels and the same trees, pair by pair."""
+    from spinn.evaluation.evaluate import predict_examples
     from spinn.labeling.induced_trees import TreesSettings, induce_trees
     from spinn.labeling.label import label
     from spinn.labeling.label_settings import LabelSettings
-    from spinn.training.evaluate import predict_examples
 
     loaded = load_model(smoke_model.checkpoint, CPU)
     raw = [pair for pair in read_raw_pairs(smoke_model.prepared / "test.parquet") if pair.label is not None]

@@ -1,9 +1,9 @@
-"""spinn.io.atomic_path: published files get the mode open() would give them, without touching the umask.
+"""spinn.ground.io.atomic_path: published files get the mode open() would give them, without touching the umask.
 
 Reading the umask means setting it, and the umask is per process: a write that
 sets it to 0 for a moment makes files that other threads (Dask workers,
 Prefect's) create meanwhile world-writable. So atomic_path reads it never,
-only spinn.io's import does, once.
+only spinn.ground.io's import does, once.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from spinn.io import atomic_path
+from spinn.ground.io import atomic_path
 
 DEFAULT_MODE = 0o666
 """What open() gives a new file before the umask."""
@@ -25,7 +25,7 @@ STRICT_UMASK = 0o027
 PUBLISH_ONE_FILE = """
 import stat, sys
 from pathlib import Path
-from spinn.io import atomic_path
+from spinn.ground.io import atomic_path
 final = Path(sys.argv[1])
 with atomic_path(final) as temporary:
     temporary.write_text("published")
@@ -76,7 +76,7 @@ def temporary_name(final: str, writer: str = "") -> str:
 
 
 def test_a_temporary_names_its_writer(tmp_path):
-    from spinn.io import atomic_path
+    from spinn.ground.io import atomic_path
 
     with atomic_path(tmp_path / "out.txt") as temporary:
         assert temporary.name.startswith(f".out.txt.{os.getpid()}-") and temporary.name.endswith(".tmp")
@@ -85,7 +85,7 @@ def test_a_temporary_names_its_writer(tmp_path):
 def test_temporaries_of_dead_writers_go_and_live_writers_keep_theirs(tmp_path):
     import time
 
-    from spinn.io import _HOST_TAG, STALE_TEMPORARY_SECONDS, tidy_folder
+    from spinn.ground.io import _HOST_TAG, STALE_TEMPORARY_SECONDS, tidy_folder
 
     finished = subprocess.Popen(["true"])
     finished.wait()
@@ -113,7 +113,7 @@ def test_temporaries_of_dead_writers_go_and_live_writers_keep_theirs(tmp_path):
 PUBLISH_AND_DIE_BETWEEN = """
 import os, sys
 from pathlib import Path
-from spinn.io import atomic_paths
+from spinn.ground.io import atomic_paths
 folder = Path(sys.argv[1])
 finals = (folder / "out.parquet", folder / "out.rejects.jsonl")
 replace = os.replace
@@ -140,7 +140,7 @@ def contents(finals) -> list[str]:
 
 
 def test_files_published_together_replace_the_old_ones_together(tmp_path):
-    from spinn.io import atomic_paths
+    from spinn.ground.io import atomic_paths
 
     finals = old_pair(tmp_path)
     with atomic_paths(*finals) as temporaries:
@@ -151,7 +151,7 @@ def test_files_published_together_replace_the_old_ones_together(tmp_path):
 
 
 def test_a_writer_failing_before_publishing_leaves_the_old_pair(tmp_path):
-    from spinn.io import atomic_paths
+    from spinn.ground.io import atomic_paths
 
     finals = old_pair(tmp_path)
     with pytest.raises(RuntimeError), atomic_paths(*finals) as temporaries:
@@ -162,7 +162,7 @@ def test_a_writer_failing_before_publishing_leaves_the_old_pair(tmp_path):
 
 
 def test_a_writer_killed_between_the_renames_is_finished_by_the_next_tidy(tmp_path):
-    from spinn.io import tidy_folder
+    from spinn.ground.io import tidy_folder
 
     finals = old_pair(tmp_path)
     killed = subprocess.run([sys.executable, "-c", PUBLISH_AND_DIE_BETWEEN, str(tmp_path)], timeout=60, check=False)
@@ -176,7 +176,7 @@ def test_a_writer_killed_between_the_renames_is_finished_by_the_next_tidy(tmp_pa
 def test_a_live_writer_s_publication_is_left_to_it(tmp_path):
     import json
 
-    from spinn.io import _HOST_TAG, JOURNAL_SUFFIX, settle, tidy_folder
+    from spinn.ground.io import _HOST_TAG, JOURNAL_SUFFIX, settle, tidy_folder
 
     finals = old_pair(tmp_path)
     temporary = tmp_path / f".out.rejects.jsonl.{os.getpid()}-{_HOST_TAG}.ab12cd34.tmp"
@@ -190,7 +190,7 @@ def test_a_live_writer_s_publication_is_left_to_it(tmp_path):
 
 HOLD_AND_FORK = """
 import os, sys, time
-from spinn.io import lock_folder
+from spinn.ground.io import lock_folder
 
 with lock_folder(sys.argv[1]):
     if os.fork() == 0:  # a child that outlives its parent, as a parser worker does for up to half a second
@@ -206,7 +206,7 @@ def test_a_killed_holders_forked_child_does_not_keep_its_folder_lock(tmp_path):
     """A flock belongs to the open file description, which fork shares: the child closes its copy."""
     import psutil
 
-    from spinn.io import FolderBusy, lock_folder
+    from spinn.ground.io import FolderBusy, lock_folder
 
     holder = subprocess.Popen([sys.executable, "-c", HOLD_AND_FORK, str(tmp_path)], stdout=subprocess.PIPE, text=True)
     children: list[psutil.Process] = []

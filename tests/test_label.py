@@ -25,12 +25,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError, SpinnWarning
+from spinn.ground.errors import SpinnError, SpinnWarning
 from spinn.labeling.label import label
 from spinn.labeling.label_settings import LabelSettings
 from spinn.labeling.published import rejects_file
 from spinn.labeling.shard_plan import parts_folder
-from spinn.parsing.settings import ParserSettings
+from spinn.parsing.parser_settings import ParserSettings
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import parse_binary
 from tests.helpers import DAMAGES, damage_shard, smoke_pairs, stanza_dir, stop_before_the_merge, write_rows
@@ -566,7 +566,7 @@ def test_two_runs_started_together_never_mix_their_shards(smoke_model, tmp_path)
 def test_a_lock_left_by_a_dead_run_is_taken_over(smoke_model, tmp_path, monkeypatch):
     """The lock's record names this run while it works (read as it plans); the folder goes once it is done."""
     import spinn.labeling.label as label_module
-    from spinn.io import HOST, LOCK_NAME
+    from spinn.ground.io import HOST, LOCK_NAME
     from spinn.labeling.shard_plan import plan_shards
 
     gone = subprocess.Popen(["true"])

@@ -17,10 +17,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.label_pairs import DONE, FAILED, REFUSED, LabelRequest, read_index, write_index
-from spinn import cores
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import read_input_pairs
-from spinn.io import file_digest
+from spinn.ground import cores
+from spinn.ground.io import file_digest
 from spinn.labeling import shard_plan
 from spinn.labeling.track import LABELING_EXPERIMENT
 from tests.helpers import (

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from flows.label_pairs import LabelRequest
-from spinn.parsing.settings import DEFAULT_CACHE_PATH
+from spinn.parsing.parser_settings import DEFAULT_CACHE_PATH
 
 CLUSTER = SimpleNamespace(scheduler_address="tcp://127.0.0.1:8786")
 """What a local cluster gives the flow, for tests that only look at how it was started."""
@@ -44,7 +44,7 @@ def candidate_names() -> list[str]:
 
 def reader_accepts(path: Path) -> bool:
     from spinn.data.sentence_pairs import detect_format
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
 
     try:
         detect_format(path)
@@ -111,11 +111,11 @@ def test_files_side_by_side_are_bounded_by_the_workers_and_this_machines_cores(t
 
 
 def test_the_local_clusters_workers_get_their_share_of_this_machines_cores(tmp_path, monkeypatch):
-    """auto threads stay auto for the workers, each deciding by the rule of spinn/cores.py within its share: on
+    """auto threads stay auto for the workers, each deciding by the rule of spinn/ground/cores.py within its share: on
     the local cluster this machine's usable cores split among its workers, said in OMP_NUM_THREADS (Dask would
     say 1), at least one each; a number is kept."""
     import flows.label_pairs as label_flow
-    from spinn import cores
+    from spinn.ground import cores
 
     monkeypatch.setattr(cores, "usable_cores", lambda: 8)
     monkeypatch.setattr(cores, "_STARTED_WITH", dataclasses.replace(cores._STARTED_WITH, threads=None))
@@ -166,7 +166,7 @@ def test_the_inbox_leaves_dot_files_and_files_still_being_written_for_a_later_ru
 @pytest.mark.parametrize("index", ['{"pairs.csv": {"status": ', "[]", '{"pairs.csv": "done"}'])
 def test_a_damaged_inbox_index_is_named_with_its_fix(tmp_path, index):
     from flows.label_pairs import INDEX_NAME, label_pairs
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
 
     (tmp_path / "labelled").mkdir()
     (tmp_path / "labelled" / INDEX_NAME).write_text(index, encoding="utf-8")
@@ -180,7 +180,7 @@ def test_a_damaged_inbox_index_is_named_with_its_fix(tmp_path, index):
 def test_a_file_refused_for_its_content_waits_until_it_or_the_threshold_changes(tmp_path):
     """A refused entry holds back its own content under its own max_rejected only; a failed one never does."""
     from flows.label_pairs import DONE, FAILED, REFUSED, pending_files, refused_files
-    from spinn.io import file_digest
+    from spinn.ground.io import file_digest
 
     for name in ("refused.csv", "edited.csv", "failed.csv", "done.csv"):
         (tmp_path / name).write_text(f"premise,hypothesis\nA dog runs.,{name}\n", encoding="utf-8")

@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
 from spinn.data.label_schemes import SCHEMES, agreement, found_scheme, named_scheme, three_way_label
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from tests.helpers import SCHEME_FILES, SCHEME_PAIRS, glue_file, hand_count
 
 # ----------------------------------------------------------------------------- counting

@@ -20,13 +20,13 @@ from click.testing import CliRunner
 from flows.artifacts import labelled_file_rows
 from spinn.cli import main
 from spinn.data.schema import LABELS
-from spinn.io import file_digest
+from spinn.evaluation.metrics import Metrics
+from spinn.ground.io import file_digest
 from spinn.labeling.label_settings import PROBABILITY_COLUMNS, LabelSettings
 from spinn.labeling.summary import NO_REFERENCE, LabelSummary, PredictionCounts, dev_label_shares, total_variation
 from spinn.labeling.track import LABELING_EXPERIMENT, OUTPUT_TAG, label_metrics
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from spinn.tracking.links import ui_page, ui_url
-from spinn.training.metrics import Metrics
 from tests.helpers import smoke_pairs
 
 TOLERANCE = 1e-6

@@ -7,19 +7,21 @@ a lazy import runs too), so the test needs nothing installed beyond the stdlib.
 from __future__ import annotations
 
 import ast
+import importlib.util
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "spinn"
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("spinn", "spinn.errors", "spinn.io", "spinn.settings"),  # ground
+    ("spinn", "spinn.ground"),  # ground: the package root and spinn/ground/
     ("spinn.trees",),
     ("spinn.data",),
     ("spinn.parsing",),
     ("spinn.tracking",),
     ("spinn.model",),
     ("spinn.inference",),  # the one predict(): evaluation, labelling and trees run on it
+    ("spinn.evaluation",),  # the evaluate stage; training's dev evaluation scores with it
     ("spinn.training",),
     ("spinn.labeling",),
     ("spinn.serving",),  # the registered model as an MLflow pyfunc: labelling behind MLflow's interface
@@ -89,7 +91,7 @@ def test_the_check_sees_an_upward_import(tmp_path):
 def test_inference_sits_between_the_model_and_its_users():
     """Training's dev evaluation and labelling call inference; inference needs only the model and below."""
     inference = layer_of("spinn.inference.predict")
-    assert layer_of("spinn.model.spinn") < inference < layer_of("spinn.training.evaluate")
+    assert layer_of("spinn.model.spinn") < inference < layer_of("spinn.evaluation.evaluate")
     assert inference < layer_of("spinn.labeling.label")
 
 
@@ -144,6 +146,48 @@ def test_a_heavy_dependency_has_one_door(package, door):
     """DESIGN.md: heavy dependencies have one door each."""
     importers = [str(path.relative_to(PACKAGE.parent)) for path in SOURCES if package in imported_roots(path)]
     assert importers == [door]
+
+
+PACKAGE_MARKERS = {"__init__.py", "__main__.py"}
+"""File names every package may have: they name the package, not a concept."""
+
+
+def test_no_two_modules_share_a_file_name():
+    """A module's name says what it owns: two `settings.py` (or `step.py`) make a reader ask which one answers."""
+    flows = PACKAGE.parent / "flows"
+    by_name: dict[str, list[str]] = {}
+    for path in [*SOURCES, *sorted(flows.rglob("*.py"))]:
+        if path.name not in PACKAGE_MARKERS:
+            by_name.setdefault(path.name, []).append(str(path.relative_to(PACKAGE.parent)))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, shared
+
+
+def test_no_flow_module_hides_an_installed_one():
+    """Prefect runs a flow file with flows/ first on sys.path: a flows/requests.py was imported in place of the
+    requests library (and failed, half-initialised, inside spinn.data.fetch)."""
+    flows = PACKAGE.parent / "flows"
+    hidden = [path.name for path in sorted(flows.glob("*.py")) if importlib.util.find_spec(path.stem) is not None]
+    assert not hidden, hidden
+
+
+LOWER_PRECISION = {"autocast", "bfloat16", "float16", "half"}
+"""torch's names for computing in less than fp32."""
+
+
+def torch_names(path: Path) -> set[str]:
+    """Every `torch.<name>` the file reads (torch.autocast, torch.bfloat16, ...)."""
+    return {
+        node.attr
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "torch"
+    }
+
+
+def test_lower_precision_is_decided_in_one_module():
+    """amp's autocast and its dtype are chosen in spinn/model/precision.py only; every step calls it."""
+    deciders = [str(path.relative_to(PACKAGE.parent)) for path in SOURCES if torch_names(path) & LOWER_PRECISION]
+    assert deciders == ["spinn/model/precision.py"]
 
 
 MAX_MODULE_LINES = 500

@@ -81,7 +81,7 @@ def test_a_nul_byte_in_utf8_text_spoils_its_row_not_the_files_encoding(suffix, t
 
 def test_a_file_of_wide_text_without_a_bom_is_still_named_so(tmp_path):
     from spinn.data.sentence_pairs import read_input_pairs
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
 
     path = tmp_path / "pairs.csv"
     path.write_bytes("premise,hypothesis\nA dog runs.,Dogs run.\n".encode("utf-16-le"))

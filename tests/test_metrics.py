@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from spinn.errors import SpinnError
-from spinn.training.metrics import confusion_matrix, plot_confusion, score
+from spinn.evaluation.metrics import confusion_matrix, plot_confusion, score
+from spinn.ground.errors import SpinnError
 
 E, N, C = 0, 1, 2  # entailment, neutral, contradiction (LABELS order)
 
@@ -70,3 +70,32 @@ def test_bad_inputs_are_refused():
 def test_plot_is_a_png(tmp_path):
     path = plot_confusion(score(GOLD, PRED), tmp_path / "plots" / "confusion.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_evaluation_and_gold_agreement_share_one_macro_f1_and_differ_only_by_classes_without_gold():
+    """Metrics averages over every class, Agreement over the classes the gold holds: with every class in the
+    gold the two give the same figure; a class no gold row holds counts 0 in Metrics only."""
+    from spinn.data.label_schemes import THREE_WAY, agreement
+
+    names = ("entailment", "neutral", "contradiction")
+    rows = [(names[gold], names[predicted]) for gold, predicted in zip(GOLD, PRED, strict=True)]
+    assert agreement(rows, THREE_WAY).macro_f1 == pytest.approx(score(GOLD, PRED).macro_f1)
+    no_contradiction = GOLD != C
+    sliced = agreement([row for row, keep in zip(rows, no_contradiction, strict=True) if keep], THREE_WAY)
+    metrics = score(GOLD[no_contradiction], PRED[no_contradiction])
+    assert metrics.per_class()["contradiction"].f1 == 0.0
+    assert metrics.macro_f1 == pytest.approx(sliced.macro_f1 * 2 / 3)
+
+
+def test_a_figure_is_written_and_closed_even_when_drawing_fails(tmp_path):
+    import matplotlib.pyplot as plt
+
+    from spinn.evaluation.figures import saved_figure
+
+    before = set(plt.get_fignums())
+    with saved_figure(tmp_path / "deep" / "drawn.png", (2.0, 2.0)) as axes:
+        axes.plot([0, 1], [1, 0])
+    assert (tmp_path / "deep" / "drawn.png").read_bytes().startswith(b"\x89PNG")
+    with pytest.raises(ValueError, match="bad data"), saved_figure(tmp_path / "failed.png", (2.0, 2.0)):
+        raise ValueError("bad data")
+    assert not (tmp_path / "failed.png").exists() and set(plt.get_fignums()) == before

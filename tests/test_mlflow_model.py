@@ -255,8 +255,8 @@ def release_pairs() -> pd.DataFrame:
 
 
 def test_a_0_1_0_version_still_labels_evaluates_and_draws_trees(release_store, tmp_path):
+    from spinn.evaluation.evaluate import evaluate
     from spinn.labeling.induced_trees import induce_trees
-    from spinn.training.evaluate import evaluate
 
     labelled = labelled_by_spinn_label(add_refused(release_pairs()), "models:/spinn/1", tmp_path)
     assert len(labelled) == len(release_pairs())

@@ -9,10 +9,11 @@ from torch.func import functional_call
 from spinn.bench.reference import ReferenceSPINN
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.addressing import gold_plan
 from spinn.model.batch import Batch, make_batch
-from spinn.model.config import PRESETS, TREE_VARIANTS, EncoderLoop, SPINNConfig, TransitionSource
+from spinn.model.config import TREE_VARIANTS, EncoderLoop, SPINNConfig, TransitionSource
+from spinn.model.presets import PRESETS, TINY
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss, transition_counts
 from spinn.trees.transitions import (
     PAD_TRANSITION,
@@ -22,7 +23,7 @@ from spinn.trees.transitions import (
     transitions_to_tree,
 )
 from spinn.trees.tree import Tree
-from tests.helpers import TINY
+from tests.helpers import TINY as TINY_ENCODER
 
 GOLD = TransitionSource.GOLD
 
@@ -95,18 +96,18 @@ def assert_close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float)
 
 
 def test_presets_hold_the_paper_settings():
-    for name in ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d"):
-        config = PRESETS[name]
+    for variant in ("pi-nt", "pi", "spinn"):
+        config = PRESETS[variant].model
         assert (config.d_hidden, config.d_embed, config.mlp_dim) == (300, 300, 1024)
-    paper = ("spinn-pi-nt-300d", "spinn-pi-300d", "spinn-300d", "rl-300d")
-    assert [PRESETS[name].variant for name in paper] == list(TREE_VARIANTS)
-    assert 61 <= PRESETS["spinn-pi-300d"].d_tracker <= 79 and 61 <= PRESETS["spinn-300d"].d_tracker <= 79
-    assert PRESETS["spinn-300d"].transition_loss_weight == 3.9
-    assert PRESETS["tiny"].d_hidden < 10
+    assert all(preset.model.variant == variant for variant, preset in PRESETS.items())
+    assert set(PRESETS) == set(TREE_VARIANTS) | {"cbow"}
+    assert 61 <= PRESETS["pi"].model.d_tracker <= 79 and 61 <= PRESETS["spinn"].model.d_tracker <= 79
+    assert PRESETS["spinn"].model.transition_loss_weight == 3.9 and PRESETS["rl"].model.transition_loss_weight == 0
+    assert TINY.d_hidden < 10
 
 
 def test_config_round_trip_and_validation():
-    config = PRESETS["spinn-300d"]
+    config = PRESETS["spinn"].model
     assert SPINNConfig.from_dict(config.to_dict()) == config
     with pytest.raises(SpinnError, match="heads: unknown setting"):
         SPINNConfig.from_dict({**config.to_dict(), "heads": 2})
@@ -127,7 +128,7 @@ def test_config_round_trip_and_validation():
 
 def test_embedding_matrix_shape_is_checked():
     with pytest.raises(SpinnError, match="embedding matrix"):
-        SPINN(PRESETS["tiny"], torch.zeros(10, PRESETS["tiny"].d_embed + 1))
+        SPINN(TINY, torch.zeros(10, TINY.d_embed + 1))
 
 
 def test_evaluation_folds_batch_norm_into_the_word_projection():
@@ -157,7 +158,7 @@ def test_evaluation_folds_batch_norm_into_the_word_projection():
 
 def test_only_spinn_predicts_transitions():
     examples, vocab_size = tiny_examples()
-    model = build(PRESETS["tiny"].replace(variant="pi"), vocab_size)
+    model = build(TINY.replace(variant="pi"), vocab_size)
     with pytest.raises(SpinnError, match="cannot run on greedy transitions"):
         model(make_batch(examples), source=TransitionSource.GREEDY)
 
@@ -288,7 +289,7 @@ def test_a_plan_refuses_transitions_that_are_not_a_tree():
 def test_reference_runs_on_gold_transitions_only():
     examples, vocab_size = tiny_examples()
     with pytest.raises(SpinnError, match="gold transitions only"):
-        ReferenceSPINN(build(PRESETS["tiny"], vocab_size))(make_batch(examples), source=TransitionSource.GREEDY)
+        ReferenceSPINN(build(TINY, vocab_size))(make_batch(examples), source=TransitionSource.GREEDY)
 
 
 # ----------------------------------------------------------------------------- gradients and training
@@ -312,7 +313,7 @@ def test_gradcheck_float64(variant):
     examples, vocab_size = tiny_examples()
     # rl: the REINFORCE surrogate holds the reward fixed (detached), so finite differences of it are not its
     # gradient; its own test checks it (tests/test_policy.py). Here: the sampled trees' exact gradients.
-    # Smaller than helpers' TINY: gradcheck runs two forwards for every parameter element.
+    # Smaller than helpers' TINY (TINY_ENCODER here): gradcheck runs two forwards for every parameter element.
     config = SPINNConfig(
         variant=variant,
         d_embed=3,
@@ -352,9 +353,9 @@ def test_gradcheck_float64(variant):
 def test_repeated_backward_through_one_graph():
     """The thin stack keeps its gradient in a shared buffer; a second pass must not see the first."""
     examples, vocab_size = tiny_examples()
-    model = build(PRESETS["tiny"], vocab_size, torch.float64)
+    model = build(TINY, vocab_size, torch.float64)
     batch = make_batch(examples)
-    loss = spinn_loss(model(batch, source=GOLD), batch, PRESETS["tiny"]).total
+    loss = spinn_loss(model(batch, source=GOLD), batch, TINY).total
     weight = model.encoder.reduce.compose.weight
     (first,) = torch.autograd.grad(loss, [weight], retain_graph=True)
     (second,) = torch.autograd.grad(loss, [weight])
@@ -382,11 +383,11 @@ def test_overfits_sixteen_real_pairs(snli):
 
 def test_frozen_embeddings_stay_put_under_training():
     examples, vocab_size = tiny_examples()
-    model = build(PRESETS["tiny"], vocab_size).train()
+    model = build(TINY, vocab_size).train()
     before = model.embedding.vectors.weight.clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     batch = make_batch(examples)
-    spinn_loss(model(batch, source=GOLD), batch, PRESETS["tiny"]).total.backward()
+    spinn_loss(model(batch, source=GOLD), batch, TINY).total.backward()
     optimizer.step()
     assert torch.equal(model.embedding.vectors.weight, before)
 
@@ -396,10 +397,10 @@ def test_frozen_embeddings_stay_put_under_training():
 
 def test_transition_loss_is_weighted_and_ignores_padding():
     examples, vocab_size = tiny_examples()
-    model = build(PRESETS["tiny"], vocab_size)
+    model = build(TINY, vocab_size)
     batch = make_batch(examples)
     output = model(batch, source=GOLD)
-    loss = spinn_loss(output, batch, PRESETS["tiny"])
+    loss = spinn_loss(output, batch, TINY)
     assert loss.total.item() == pytest.approx(loss.classification.item() + 3.9 * loss.transition.item())
     padding = batch.transitions == PAD_TRANSITION
     assert (output.transition_logits[padding] == 0).all()
@@ -410,7 +411,7 @@ def test_transition_loss_is_weighted_and_ignores_padding():
 
 def test_illegal_actions_are_masked_where_they_are_illegal():
     examples, vocab_size = tiny_examples()
-    model = build(PRESETS["tiny"], vocab_size)
+    model = build(TINY, vocab_size)
     batch = make_batch(examples)
     logits = model(batch, source=GOLD).transition_logits
     for row in range(batch.tokens.shape[0]):
@@ -484,7 +485,7 @@ def test_bf16_autocast_keeps_fp32_cell_state():
 
 def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="cbow", **TINY), random_vectors(50, TINY["d_embed"])).eval()
+    model = SPINN(SPINNConfig(variant="cbow", **TINY_ENCODER), random_vectors(50, TINY_ENCODER["d_embed"])).eval()
     tokens = torch.tensor([[3, 4, 5], [6, 0, 0]])
     lengths = torch.tensor([3, 1])
     encoding = model.encode(tokens, lengths, GOLD)
@@ -496,7 +497,7 @@ def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
 
 def test_cbow_trains_every_parameter():
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="cbow", **TINY), random_vectors(50, TINY["d_embed"]))
+    model = SPINN(SPINNConfig(variant="cbow", **TINY_ENCODER), random_vectors(50, TINY_ENCODER["d_embed"]))
     batch = make_batch([Example((3, 4), (0, 0, 1), (5,), (0,), 1), Example((6,), (0,), (7, 8), (0, 0, 1), 2)])
     spinn_loss(model(batch, source=GOLD), batch, model.config).total.backward()
     for name, parameter in model.named_parameters():
@@ -512,8 +513,8 @@ def test_training_steps_leave_no_graph_behind():
     from spinn.model.thin_stack_forward import _Loop as _Memory
 
     torch.manual_seed(0)
-    config = SPINNConfig(variant="spinn", **{**TINY, "use_batch_norm": False})  # one pair: batch norm needs two
-    model = SPINN(config, random_vectors(50, TINY["d_embed"]))
+    config = SPINNConfig(variant="spinn", **{**TINY_ENCODER, "use_batch_norm": False})  # one pair: batch norm needs two
+    model = SPINN(config, random_vectors(50, TINY_ENCODER["d_embed"]))
     batch = make_batch([Example((3, 4, 5), (0, 0, 1, 0, 1), (6, 7), (0, 0, 1), 1)])
     gc.collect()
     before = sum(type(item) is _Memory for item in gc.get_objects())

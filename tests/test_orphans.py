@@ -3,7 +3,7 @@ orchestrator does not delete it.
 
 An orchestrator (`dvc repro`, a Prefect worker, a CI job) that is killed with SIGKILL leaves its stage running
 as an orphan, which goes on writing into the outputs the next run writes. Every command arms the same watch
-at its start (spinn.children.stop_when_orphaned), and so does every Prefect flow (a worker's flow run process
+at its start (spinn.ground.children.stop_when_orphaned), and so does every Prefect flow (a worker's flow run process
 calls the flow, not a command); here each command and each flow is checked to arm it, and a real training
 run, and a real train-spinn flow run as a worker starts it, whose parent is SIGKILLed are checked to stop,
 end their MLflow run and let go of their lock. The real `dvc repro` case is in tests/test_dvc.py.
@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from spinn import children
 from spinn.cli import COMMANDS, main
+from spinn.ground import children
 from tests.helpers import (
     SPINN_COMMAND,
     TINY_MODEL,
@@ -150,10 +150,10 @@ def test_a_flow_run_whose_worker_is_killed_stops_ends_its_runs_and_lets_go(prefe
     SIGKILLed once training has written its first checkpoint."""
     from prefect.client.orchestration import get_client
 
-    from flows.settings import CorpusRequest, TrainRequest
+    from flows.flow_requests import CorpusRequest, TrainRequest
     from flows.train_spinn import train_spinn
     from spinn.data.smoke import write_smoke_corpus
-    from spinn.io import file_digest, lock_output_folder
+    from spinn.ground.io import file_digest, lock_output_folder
 
     archive = write_smoke_corpus(tmp_path / "source" / "snli_1.0.zip")
     download = {"file": str(archive), "checksum": f"sha256:{file_digest(archive)}"}

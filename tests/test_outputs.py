@@ -1,5 +1,5 @@
 """No command destroys its input, and every publishing command holds its outputs'
-locks (spinn.io.publishing), checked over every command that publishes through it.
+locks (spinn.ground.io.publishing), checked over every command that publishes through it.
 
 Each case runs the command in-process on a file holding bytes no stage could write, then checks the one
 `error:` line, exit status 1, and that the input still holds those bytes. train's run folder is held by its
@@ -19,7 +19,7 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
-from spinn.io import file_digest, publishing
+from spinn.ground.io import file_digest, publishing
 
 PRECIOUS = b"precious: no stage writes this\n"
 Case = Callable[[Path], list[str]]

@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 
 from spinn.data.rejects import RejectReason
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.parsing.parser import SentenceParser
+from spinn.parsing.parser_settings import ParserSettings
 from spinn.parsing.protocol import Parsed, Unparsed
-from spinn.parsing.settings import ParserSettings
 from spinn.parsing.stanza_pipeline import stanza_text
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import Transition, check_transitions, read_binary_parse
@@ -216,7 +216,7 @@ def test_cache_serves_a_second_parser_and_is_keyed_by_model(parser: SentencePars
 def test_model_id_is_stable_across_processes(parser: SentenceParser) -> None:
     code = (
         "from pathlib import Path; from spinn.parsing.parser import SentenceParser; "
-        "from spinn.parsing.settings import ParserSettings; "
+        "from spinn.parsing.parser_settings import ParserSettings; "
         f"print(SentenceParser(ParserSettings(stanza_dir=Path({str(STANZA_DIR)!r}), cache_path=None)).model_id)"
     )
     other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -391,7 +391,7 @@ FORKED_PARSE = """
 import json, os, sys
 from spinn.parsing import stanza_pipeline
 from spinn.parsing.parser import SentenceParser
-from spinn.parsing.settings import ParserSettings
+from spinn.parsing.parser_settings import ParserSettings
 from spinn.parsing.stanza_pipeline import stanza_text
 
 build = stanza_pipeline.build_pipeline
@@ -464,7 +464,7 @@ def test_workers_are_a_count_or_auto() -> None:
 
 
 def test_auto_is_one_worker_per_usable_core_on_the_cpu_and_one_with_a_larger_batch_on_the_gpu() -> None:
-    from spinn.parsing.settings import CPU_BATCH_SIZE, GPU_BATCH_SIZE, decided, decided_for
+    from spinn.parsing.parser_settings import CPU_BATCH_SIZE, GPU_BATCH_SIZE, decided, decided_for
 
     cores = len(os.sched_getaffinity(0))
     on_cpu = decided(ParserSettings(device="cpu"))

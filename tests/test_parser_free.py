@@ -58,8 +58,8 @@ def test_auto_labels_spinn_and_rl_on_their_own_trees_without_stanza(smoke_model,
 
 
 def test_auto_resolves_to_the_models_own_trees_only_for_variants_that_predict_them():
-    from spinn.labeling.labeller import resolve_parser
     from spinn.model.config import SPINNConfig
+    from spinn.model.parser_choice import resolve_parser
 
     variants = ("pi", "pi-nt", "spinn", "rl")
     assert {variant: resolve_parser("auto", SPINNConfig(variant=variant)) for variant in variants} == {
@@ -69,6 +69,27 @@ def test_auto_resolves_to_the_models_own_trees_only_for_variants_that_predict_th
         "rl": "model",
     }
     assert resolve_parser("stanza", SPINNConfig(variant="spinn")) == "stanza"
+
+
+@pytest.mark.parametrize("variant", ["cbow", "pi-nt", "pi", "spinn", "rl"])
+def test_every_door_takes_auto_from_the_one_rule(variant):
+    """Labelling, the logged model's parser settings, evaluation's and the benchmark's `auto` all read
+    spinn.model.parser_choice, so a model reads the same trees through each."""
+    from spinn.bench.timing import BenchSettings, _source
+    from spinn.evaluation.evaluate import transition_source
+    from spinn.model.config import TransitionSource
+    from spinn.model.parser_choice import auto_source, needs_parser, resolve_parser, trees_source
+    from spinn.model.presets import PRESETS
+
+    config = PRESETS[variant].model
+    parser = resolve_parser("auto", config)
+    own = parser == "model"
+    assert own == config.predicts_transitions and needs_parser(config) is not own
+    expected = TransitionSource.GREEDY if own else TransitionSource.GOLD
+    assert auto_source(config) is trees_source(parser) is transition_source("auto", config) is expected
+    if variant != "cbow":  # the benchmark times tree models only
+        bench = BenchSettings(corpus=RELEASE / "pairs.parquet", mode="infer", variant=variant)
+        assert _source(bench, config) is expected
 
 
 def test_label_runs_on_the_cores_this_process_may_use(tmp_path):

@@ -16,7 +16,7 @@ from spinn.data.corpus import TreeSource
 from spinn.data.prepare import PrepareSettings, infer_split, prepare
 from spinn.data.rejects import RejectReason
 from spinn.data.schema import LABELS, SCHEMA_VERSION, read_pairs
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.trees.transitions import TRANSITION_NAMES, Transition, transitions_to_tree
 from spinn.trees.tree import format_binary
 
@@ -400,7 +400,7 @@ def test_spinn_parse_publishes_its_pair_the_same_way(tmp_path, monkeypatch):
 
 WORKERS_UP_TIMEOUT_S = 120
 WORKERS_GONE_TIMEOUT_S = 15
-"""Workers poll their parent every spinn.children.PARENT_POLL_S; a loaded two-core machine adds the rest."""
+"""Workers poll their parent every spinn.ground.children.PARENT_POLL_S; a loaded two-core machine adds the rest."""
 
 
 def children_of(pid: int) -> set[int]:

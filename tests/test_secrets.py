@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from spinn.cli import EXIT_USER_ERROR, main
-from spinn.errors import redact
-from spinn.io import LOCK_NAME, OUTPUT_LOCK_SUFFIX, lock_folder, publishing
+from spinn.ground.errors import redact
+from spinn.ground.io import LOCK_NAME, OUTPUT_LOCK_SUFFIX, lock_folder, publishing
 
 SECRET = "s3cr3t-token"
 OWNER_ONLY = 0o600
@@ -94,7 +94,7 @@ def test_a_flow_request_refuses_a_url_with_credentials_naming_the_variable(tmp_p
     """Flow parameters land in Prefect's database: credentials come from SPINN_DOWNLOAD_URL only."""
     from pydantic import ValidationError
 
-    from flows.settings import CorpusRequest
+    from flows.flow_requests import CorpusRequest
 
     with pytest.raises(ValidationError, match="SPINN_DOWNLOAD_URL") as refused:
         CorpusRequest(params=None, data_dir=tmp_path, download={"url": "https://user:token@example.org/snli.zip"})

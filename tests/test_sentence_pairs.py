@@ -20,7 +20,7 @@ from spinn.data.sentence_pairs import (
     read_input_pairs,
     resolve_columns,
 )
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 HEADER = ("id", "premise", "hypothesis", "label")
 ROWS = [

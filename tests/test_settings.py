@@ -23,13 +23,13 @@ from spinn.data.download import DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
+from spinn.evaluation.evaluate import EvaluateSettings
+from spinn.ground.settings import Settings, settings_type
 from spinn.labeling.induced_trees import TreesSettings
 from spinn.labeling.label_settings import LabelSettings
 from spinn.options import SEPARATOR
 from spinn.parsing.parse import ParseSettings
-from spinn.settings import Settings, settings_type
-from spinn.training.config import TrainConfig
-from spinn.training.evaluate import EvaluateSettings
+from spinn.training.train_config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 PARAMS = ROOT / "params.yaml"
@@ -153,8 +153,8 @@ def test_help_offers_a_label_column_only_where_labels_are_read(name, offered):
 
 
 def test_every_stage_runs_from_a_flow_with_all_its_fields():
+    from flows.flow_requests import CorpusRequest, EvaluateRequest, TrainRequest
     from flows.label_pairs import LabelRequest
-    from flows.settings import CorpusRequest, EvaluateRequest, TrainRequest
 
     carried = {
         DownloadSettings: CorpusRequest.model_fields["download"].annotation,
@@ -174,7 +174,7 @@ def test_every_stage_runs_from_a_flow_with_all_its_fields():
 
 def test_the_prefect_form_offers_the_models_choices():
     """The flow parameter's JSON schema (what Prefect's UI renders) carries the Literal choices."""
-    from flows.settings import TrainRequest
+    from flows.flow_requests import TrainRequest
 
     schema = json.dumps(TrainRequest.model_json_schema())
     assert '"enum": ["pi-nt", "pi", "spinn", "rl", "cbow"]' in schema
@@ -216,7 +216,7 @@ def test_a_request_for_another_corpus_takes_that_corpus_s_archive_and_split_file
     """params.yaml's archive and splits name SNLI's files: `spinn-pipeline --corpus multinli` (a flow request
     for multinli) fetched MultiNLI into snli_1.0.zip and looked in it for snli_1.0_train.jsonl.
     What the request gives itself still wins, and the params file's own corpus keeps its files."""
-    from flows.settings import CorpusRequest
+    from flows.flow_requests import CorpusRequest
     from spinn.data.download import CORPORA
 
     switched = CorpusRequest(params=PARAMS, download={"corpus": "multinli"})

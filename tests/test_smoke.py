@@ -18,8 +18,8 @@ from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.data.smoke import HYPERNYMS, SMOKE_ARCHIVE_ROOT, SMOKE_SPLITS, smoke_records, write_smoke_corpus
 from spinn.data.vector_sources import GLOVE_6B_50D
 from spinn.data.vocab import vocabulary_from_counts
-from spinn.errors import SpinnError
-from spinn.settings import nest
+from spinn.ground.errors import SpinnError
+from spinn.ground.settings import nest
 from spinn.trees.tree import CLOSE, OPEN, parse_ptb
 
 FIELDS = {
@@ -186,9 +186,9 @@ def test_words_are_english(records: dict[str, list[dict]]) -> None:
 def test_the_smoke_settings_beat_chance(smoke_model, smoke_store, tmp_path):
     """What `spinn-pipeline --smoke` promises (README): its settings learn the corpus's rules, clearly above
     chance on test. The front-door tests run the same settings for two steps only: they check the wiring."""
-    from spinn.training.config import TrainConfig
-    from spinn.training.evaluate import evaluate
+    from spinn.evaluation.evaluate import evaluate
     from spinn.training.train import train
+    from spinn.training.train_config import TrainConfig
 
     prepared = smoke_model.prepared
     config = TrainConfig.build({**nest(SMOKE_OVERRIDES.items()), "device": "cpu", "threads": 1})

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.batch import Batch
 from spinn.model.checkpoint import load_checkpoint
 from spinn.model.config import EncoderLoop, TransitionSource

@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from spinn.bench import load_examples, take_batches
-from spinn.inference.step import InferStep
+from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, make_batch
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.training.loader import prefetch
-from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer, set_rate
+from spinn.training.train_step import Schedule, StepOptions, TrainStep, make_optimizer, set_rate
 from tests.helpers import synthetic_batch
 
 MAX_OPS_PER_TRANSITION_STEP = 50

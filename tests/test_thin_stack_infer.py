@@ -17,8 +17,8 @@ from click.testing import CliRunner
 
 from spinn.cli import main
 from spinn.data.vocab import Vocabulary
-from spinn.errors import SpinnError
-from spinn.inference.step import InferStep
+from spinn.ground.errors import SpinnError
+from spinn.inference.infer_step import InferStep
 from spinn.model.batch import Batch
 from spinn.model.checkpoint import Checkpoint, save_checkpoint
 from spinn.model.config import EncoderLoop, SPINNConfig, TransitionSource

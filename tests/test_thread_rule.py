@@ -1,4 +1,4 @@
-"""The thread rule (spinn/cores.py): free cores read from /proc/stat, auto within each process's share, a number
+"""The thread rule (spinn/ground/cores.py): free cores read from /proc/stat, auto within each process's share, a number
 within what the machine can run, a loop that follows the cores, and OpenMP's short wait set before torch loads.
 
 The readings are hand-written counters; the one subprocess is `spinn evaluate` on the release fixture, the CLI
@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from spinn import cores
+from spinn.ground import cores
+from spinn.ground.settings import SettingsError
 from spinn.labeling.label_settings import LabelSettings
-from spinn.settings import SettingsError
 from tests.helpers import assert_the_thread_rule_ran, thread_decisions, thread_rule_env
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -182,7 +182,7 @@ NOT_FINITE = {
 
 @pytest.mark.parametrize("case", NOT_FINITE)
 def test_a_model_that_is_not_finite_is_never_registered(case, store, tmp_path):
-    from spinn.errors import SpinnError
+    from spinn.ground.errors import SpinnError
     from spinn.tracking.register import register_model
 
     contents, accuracy, named = NOT_FINITE[case]

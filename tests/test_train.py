@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from spinn.data.vocab import Vocabulary
-from spinn.errors import SpinnError, advice, option_name
+from spinn.evaluation.evaluate import EvaluateSettings, evaluate
+from spinn.ground.errors import SpinnError, advice, option_name
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
-from spinn.training.evaluate import EvaluateSettings, evaluate
 from spinn.training.train import train
 from tests.helpers import PREPARED_DEV_PAIRS, TINY_MODEL, tiny_config
 
@@ -87,9 +87,9 @@ def test_best_pt_keeps_the_temperature_fitted_on_its_dev_logits_and_the_logged_m
     kept in best.pt and the logged MLflow model, logged as a metric at the best step."""
     import mlflow
 
+    from spinn.evaluation.calibration import fit_temperature
+    from spinn.evaluation.evaluate import predict_examples, read_examples
     from spinn.model.loading import load_model
-    from spinn.training.calibration import fit_temperature
-    from spinn.training.evaluate import predict_examples, read_examples
     from spinn.training.loop import labelling_source
 
     model = {"variant": variant, **TINY_MODEL}
@@ -469,7 +469,7 @@ def test_the_command_refuses_a_folder_holding_an_earlier_run_in_one_line(prepare
 
 
 def test_a_second_run_in_a_busy_folder_is_refused(prepared, workdir):
-    from spinn.io import FolderBusy, lock_output_folder
+    from spinn.ground.io import FolderBusy, lock_output_folder
 
     busy = f"in use by another run: pid {os.getpid()}"
     with lock_output_folder(workdir / "m"), pytest.raises(FolderBusy, match=busy):
@@ -567,7 +567,7 @@ def test_without_a_terminal_the_commands_print_whole_current_lines_and_dev_time_
 
 
 def test_progress_is_a_bar_on_a_terminal_and_lines_elsewhere():
-    from spinn.training.progress import REPORT_EVERY_S, report_interval
+    from spinn.ground.progress import REPORT_EVERY_S, report_interval
 
     class Stream:
         def __init__(self, terminal: bool) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from spinn.cores import cgroup_quota_cores, usable_cores
 from spinn.data import prepare
-from spinn.parsing.settings import resolve_workers
+from spinn.ground.cores import cgroup_quota_cores, usable_cores
+from spinn.parsing.parser_settings import resolve_workers
 
 MANY_CORES = set(range(16))
 
@@ -65,5 +65,5 @@ def test_a_quota_above_the_affinity_does_not_raise_it(tmp_path, monkeypatch):
 def test_prepare_and_parser_workers_follow_usable_cores(monkeypatch):
     monkeypatch.setattr(prepare, "usable_cores", lambda: 3)
     assert prepare.default_workers() == min(3, prepare.MAX_DEFAULT_WORKERS)
-    monkeypatch.setattr("spinn.cores.usable_cores", lambda: 3)
+    monkeypatch.setattr("spinn.ground.cores.usable_cores", lambda: 3)
     assert resolve_workers("auto", use_gpu=False) == 3

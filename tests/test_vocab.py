@@ -9,7 +9,7 @@ import pytest
 
 from spinn.data.prepare import prepare
 from spinn.data.vocab import PAD, PAD_ID, UNK, UNK_ID, VocabSettings, Vocabulary, build_vocabulary, vocab_stage
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 
 def pair(pair_id: str, premise: str, hypothesis: str) -> str:

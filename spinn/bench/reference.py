@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.batch import Batch
 from spinn.model.cells import Reduce, Tracker
 from spinn.model.config import N_ACTIONS, TransitionSource

@@ -43,20 +43,22 @@ import torch
 from pydantic import Field, model_validator
 
 from spinn.bench.reference import ReferenceSPINN
-from spinn.cores import recheck, torch_threads, usable_cores
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
-from spinn.errors import SpinnError
-from spinn.inference.step import InferStep
+from spinn.ground.cores import recheck, torch_threads, usable_cores
+from spinn.ground.errors import SpinnError
+from spinn.ground.settings import AUTO, Conflict, Settings, ThreadCount
+from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
 from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
+from spinn.model.parser_choice import auto_source
+from spinn.model.precision import autocast
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
-from spinn.settings import AUTO, Conflict, Settings, ThreadCount
-from spinn.training.config import check_trainable
 from spinn.training.loader import prefetch
-from spinn.training.step import Schedule, StepOptions, TrainStep, make_optimizer
+from spinn.training.train_config import check_trainable
+from spinn.training.train_step import Schedule, StepOptions, TrainStep, make_optimizer
 
 Mode = Literal["train", "infer", "loop"]
 Implementation = Literal["fast", "reference"]
@@ -100,7 +102,7 @@ class BenchSettings(Settings):
     device: Literal["cpu", "cuda"] = "cpu"
     """Where to run."""
     amp: bool = False
-    """bf16 autocast outside the encoder (its cells run in fp32)."""
+    """bf16 autocast on CUDA, the cells' state in fp32 (spinn.model.precision); the CPU computes in fp32."""
     graphs: bool = True
     """On CUDA, replay each batch shape's step from a CUDA graph."""
     count_ops: bool = False
@@ -108,7 +110,7 @@ class BenchSettings(Settings):
     profile: bool = False
     """Also profile kernels per step and the GPU's busy share (CUDA)."""
     threads: ThreadCount = AUTO
-    """torch intra-op threads; auto: the rule every command follows (spinn/cores.py: the cores other work leaves
+    """torch intra-op threads; auto: the rule every command follows (spinn/ground/cores.py: the cores other work leaves
     free, looked at again every second of timing)."""
     seed: int = 0
     """Seeds the weights, the resampling and the batch order."""
@@ -309,7 +311,7 @@ def _reference_step(settings: BenchSettings, model: SPINN) -> Callable[[Batch], 
         model.eval()
 
         def infer(batch: Batch) -> None:
-            with torch.no_grad(), _autocast(settings.device, settings.amp):
+            with torch.no_grad(), autocast(torch.device(settings.device), settings.amp):
                 runner(batch, source=TransitionSource.GOLD)
 
         return infer
@@ -318,7 +320,7 @@ def _reference_step(settings: BenchSettings, model: SPINN) -> Callable[[Batch], 
 
     def train(batch: Batch) -> None:
         optimizer.zero_grad(set_to_none=True)
-        with _autocast(settings.device, settings.amp):
+        with autocast(torch.device(settings.device), settings.amp):
             loss = spinn_loss(runner(batch, source=TransitionSource.GOLD), batch, model.config).total
         loss.backward()
         optimizer.step()
@@ -332,7 +334,7 @@ def _source(settings: BenchSettings, config: SPINNConfig) -> TransitionSource:
     if settings.impl == "reference":
         return TransitionSource.GOLD
     if settings.mode == "infer":
-        return TransitionSource.GREEDY if config.predicts_transitions else TransitionSource.GOLD
+        return auto_source(config)
     return config.training_source
 
 
@@ -357,10 +359,6 @@ def take_batches(examples: list[Example], batch_size: int, count: int, seed: int
     return [
         make_batch([examples[i] for i in indices], width_step=WIDTH_STEP) for indices in islice(cycle(order), count)
     ]
-
-
-def _autocast(device: str, amp: bool) -> contextlib.AbstractContextManager:
-    return torch.autocast(device_type=device, dtype=torch.bfloat16) if amp else contextlib.nullcontext()
 
 
 def _time(step, batches: list[Batch], warmup: int, device: str) -> tuple[float, int]:
@@ -412,7 +410,7 @@ def run_label_bench(input_path: Path, model: str | Path, settings: Any = None) -
 
     from spinn.labeling.label import label
     from spinn.labeling.label_settings import LabelSettings
-    from spinn.parsing.settings import decided
+    from spinn.parsing.parser_settings import decided
 
     settings = settings or LabelSettings().replace(parsing={"cache_path": None})
     with tempfile.TemporaryDirectory(prefix="spinn-bench-label-") as folder:

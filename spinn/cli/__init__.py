@@ -29,7 +29,7 @@ from importlib import import_module
 import click
 
 from spinn.cli.common import SharedEntry
-from spinn.errors import SpinnWarning, failure_line, option_name
+from spinn.ground.errors import SpinnWarning, failure_line, option_name
 
 DVC_STAGE_VARIABLE = "DVC_STAGE"
 

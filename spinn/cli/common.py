@@ -12,16 +12,16 @@ from pathlib import Path
 
 import click
 
-from spinn import children
-from spinn.errors import SpinnError
-from spinn.paths import refuse_special_file
+from spinn.ground import children
+from spinn.ground.errors import SpinnError
+from spinn.ground.paths import refuse_special_file
 
 PATH = click.Path(path_type=Path)
 
 
 class SharedEntry:
     """What every command's process does around its work, mixed into `spinn`'s group and `spinn-pipeline`'s
-    command: it stops, in one line, once the process that started it is gone (spinn.children), and a
+    command: it stops, in one line, once the process that started it is gone (spinn.ground.children), and a
     command line the parser refuses (a missing option, a bad choice, a value out of range, an unknown flag
     or command) is one `error:` line too, with click's exit status, 2, instead of its Usage/Error block."""
 

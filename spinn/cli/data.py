@@ -12,7 +12,7 @@ from spinn.data.download import CorpusName, DownloadSettings
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
-from spinn.io import publishing
+from spinn.ground.io import publishing
 from spinn.options import field_options, given, renamed_option, resolve
 
 

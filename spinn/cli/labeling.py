@@ -10,11 +10,11 @@ import click
 
 from spinn.cli.common import PATH, input_file, output_file, output_folder, output_with_suffix
 from spinn.data.label_schemes import NO_GOLD
+from spinn.ground.settings import Device
 from spinn.labeling.induced_trees import TreesSettings
 from spinn.labeling.label_settings import LabelSettings
 from spinn.options import field_options, given, renamed_option, resolve
 from spinn.parsing.parse import ParseSettings
-from spinn.settings import Device
 
 
 def _no_parse_cache(command):

@@ -8,9 +8,9 @@ from typing import Any
 import click
 
 from spinn.cli.common import PATH, config_option, input_file, output_with_suffix
+from spinn.evaluation.evaluate import EvaluateSettings
 from spinn.options import field_options, given, renamed_option, resolve
-from spinn.training.config import TrainConfig
-from spinn.training.evaluate import EvaluateSettings
+from spinn.training.train_config import TrainConfig
 
 
 @click.command()
@@ -99,9 +99,9 @@ def train(
     **options: Any,
 ) -> None:
     """Train a SPINN model with MLflow tracking, checkpoints and model registration."""
-    from spinn.io import check_outputs
-    from spinn.settings import set_layer
-    from spinn.training.progress import report_interval
+    from spinn.ground.io import check_outputs
+    from spinn.ground.progress import report_interval
+    from spinn.ground.settings import set_layer
     from spinn.training.publish import metrics_files, write_metrics_files
     from spinn.training.train import train as train_stage
     from spinn.training.train import training_inputs
@@ -186,9 +186,9 @@ def evaluate(
     **options: Any,
 ) -> None:
     """Score a trained model on a prepared split in its gold scheme: accuracy, per-class P/R/F1, confusion."""
-    from spinn.training.evaluate import evaluate as evaluate_stage
-    from spinn.training.evaluate import report_path
-    from spinn.training.progress import report_interval
+    from spinn.evaluation.evaluate import evaluate as evaluate_stage
+    from spinn.evaluation.evaluate import report_path
+    from spinn.ground.progress import report_interval
 
     settings = resolve(EvaluateSettings, config_path, given(EvaluateSettings, options))
     report_every_s = report_interval(None)

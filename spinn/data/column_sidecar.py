@@ -12,8 +12,8 @@ import json
 from pathlib import Path
 from typing import Any, TypeVar
 
-from spinn.errors import SpinnError
-from spinn.settings import Settings
+from spinn.ground.errors import SpinnError
+from spinn.ground.settings import Settings
 
 SIDECAR_SUFFIX = ".columns.json"
 S = TypeVar("S", bound=Settings)

@@ -35,8 +35,8 @@ from spinn.data.limits import (
 from spinn.data.rejects import RecordProblem, RejectReason, not_text
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
 from spinn.data.text_lines import Overlong, bounded_lines
-from spinn.errors import SpinnError
-from spinn.paths import refuse_special_file
+from spinn.ground.errors import SpinnError
+from spinn.ground.paths import refuse_special_file
 from spinn.trees.binarize import binarize
 from spinn.trees.transitions import read_binary_parse, tree_to_transitions
 from spinn.trees.tree import CLOSE, OPEN, TreeError, parse_ptb

@@ -23,9 +23,9 @@ from pydantic import Field, field_validator, model_validator
 
 from spinn.data.fetch import CHUNK_SIZE, Checksum, DownloadError, ensure_archive
 from spinn.data.limits import check_members
-from spinn.io import atomic_path, publishing
-from spinn.paths import plain_file_name
-from spinn.settings import Conflict, Settings, env_default
+from spinn.ground.io import atomic_path, publishing
+from spinn.ground.paths import plain_file_name
+from spinn.ground.settings import Conflict, Settings, env_default
 
 DEFAULT_RAW_DIR = Path("data/raw")
 MARKER_TEMPLATE = ".{filename}.extracted"

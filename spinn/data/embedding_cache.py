@@ -16,7 +16,7 @@ import numpy
 
 from spinn.data.glove import VECTOR_DTYPE
 from spinn.data.vocab import Vocabulary
-from spinn.io import atomic_path
+from spinn.ground.io import atomic_path
 
 CACHE_FORMAT = "spinn.embeddings"
 CACHE_VERSION = 1

@@ -33,9 +33,9 @@ from spinn.data.vector_sources import (
     source_identity,
 )
 from spinn.data.vocab import PAD_ID, SPECIALS, Vocabulary
-from spinn.errors import SpinnError
-from spinn.io import file_digest
-from spinn.settings import Settings
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import file_digest
+from spinn.ground.settings import Settings
 
 DEFAULT_CACHE_DIR = Path("data/embeddings")
 

@@ -25,9 +25,9 @@ import requests
 import urllib3
 from tqdm import tqdm
 
-from spinn.errors import SpinnError, redact
-from spinn.io import file_digest
-from spinn.paths import refuse_special_file
+from spinn.ground.errors import SpinnError, redact
+from spinn.ground.io import file_digest
+from spinn.ground.paths import refuse_special_file
 
 CHUNK_SIZE = 1 << 20
 """Bytes per read/write: large enough to be fast, small enough to keep memory flat."""

@@ -25,7 +25,7 @@ from spinn.data.limits import Inflation, check_members
 from spinn.data.text_lines import Overlong, bounded_lines
 from spinn.data.vector_sources import MISSING_PACKAGE
 from spinn.data.vocab import SPECIALS, Vocabulary
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 VECTOR_DTYPE = numpy.float32
 PACKAGE_VECTORS = "glove_6B_50d_emb.npy"

@@ -23,8 +23,9 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from spinn.data import f1_scores
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 ENTAILMENT = LABELS[0]
 AUTO = "auto"
@@ -129,14 +130,13 @@ class Agreement:
         return self.confusion[name][name] / gold if gold else 0.0
 
     def f1(self, name: str) -> float:
-        precision, recall = self.precision(name), self.recall(name)
-        return 2 * precision * recall / (precision + recall) if precision + recall else 0.0
+        return f1_scores.f1(self.precision(name), self.recall(name))
 
     @property
     def macro_f1(self) -> float:
-        """The mean F1 of the classes the gold labels hold (a class no row has is not scored)."""
+        """Over the classes the gold labels hold (spinn.data.f1_scores.macro_f1 says why)."""
         present = [name for name in self.scheme.classes if sum(self.confusion[name].values())]
-        return sum(self.f1(name) for name in present) / len(present)
+        return f1_scores.macro_f1({name: self.f1(name) for name in present}, over=present)
 
     def to_json(self) -> dict:
         return {

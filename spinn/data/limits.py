@@ -22,8 +22,8 @@ from typing import IO, Annotated
 from pydantic import AfterValidator, Field
 
 from spinn.data.rejects import RecordProblem, RejectReason
-from spinn.errors import SpinnError
-from spinn.memory import gib, usable_memory
+from spinn.ground.errors import SpinnError
+from spinn.ground.memory import gib, usable_memory
 
 DEFAULT_MAX_TOKENS = 100
 """Tokens a sentence of a training corpus may have (`spinn prepare --max-tokens`); SNLI's longest sentences

@@ -19,7 +19,7 @@ from spinn.data.example import Example
 from spinn.data.rejects import RecordProblem
 from spinn.data.schema import GOLD_COLUMN, LABELS, NO_CONSENSUS_LABEL, gold_scheme, read_pair_schema, read_pairs
 from spinn.data.vocab import Vocabulary, vocabulary_from_counts
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 _JSONL_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
 

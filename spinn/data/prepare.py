@@ -3,7 +3,7 @@
 Good lines become rows of the prepared-pairs schema (spinn.data.schema); bad lines go
 to the rejects file with file, line, field and reason (a pair id seen on an
 earlier line too, as `duplicate_id`); gold label `-` is counted and skipped.
-Both outputs are published together (`spinn.io.atomic_paths`: a reader never
+Both outputs are published together (`spinn.ground.io.atomic_paths`: a reader never
 sees a new Parquet file beside the old rejects). The stage fails when the share of
 rejected lines passes `max_reject_ratio`, and then it publishes the rejects
 (to inspect) but not the Parquet file (so no later stage trains on it); and
@@ -29,8 +29,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from pydantic import Field, field_validator
 
-from spinn.children import exit_with_parent
-from spinn.cores import usable_cores
 from spinn.data.corpus import (
     ID_FIELD,
     LineFormat,
@@ -47,10 +45,12 @@ from spinn.data.rejects import RecordProblem, Reject, RejectReason, reject_pair_
 from spinn.data.schema import PAIR_FIELDS, pair_schema
 from spinn.data.split_files import prepared_files, with_partner
 from spinn.data.text_lines import Overlong
-from spinn.errors import SpinnError
-from spinn.io import atomic_paths, publish, publishing, tidy_folder
-from spinn.paths import plain_file_name
-from spinn.settings import Settings
+from spinn.ground.children import exit_with_parent
+from spinn.ground.cores import usable_cores
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import atomic_paths, publish, publishing, tidy_folder
+from spinn.ground.paths import plain_file_name
+from spinn.ground.settings import Settings
 
 DEFAULT_MAX_REJECT_RATIO = 0.01
 PIPELINE_SPLITS = ("train", "dev", "test")

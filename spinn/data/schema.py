@@ -16,9 +16,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from spinn.errors import SpinnError
-from spinn.io import settle
-from spinn.paths import refuse_special_file
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import settle
+from spinn.ground.paths import refuse_special_file
 from spinn.trees.transitions import TRANSITION_NAMES
 
 SCHEMA_VERSION = "1"

@@ -39,9 +39,9 @@ from spinn.data.limits import TEXT_MAX_TOKENS, check_length, max_chars, max_line
 from spinn.data.rejects import RecordProblem, Reject, RejectReason, not_text, reject_pair_id
 from spinn.data.schema import NO_CONSENSUS_LABEL
 from spinn.data.text_lines import NUL, READ_ERRORS, Line, open_bytes, text_lines
-from spinn.errors import SpinnError
-from spinn.paths import refuse_special_file
-from spinn.settings import Settings
+from spinn.ground.errors import SpinnError
+from spinn.ground.paths import refuse_special_file
+from spinn.ground.settings import Settings
 
 Format = Literal["csv", "tsv", "jsonl", "parquet"]
 FORMATS: tuple[str, ...] = get_args(Format)

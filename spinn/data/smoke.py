@@ -36,8 +36,8 @@ from itertools import islice
 from pathlib import Path
 
 from spinn.data.schema import LABELS, NO_CONSENSUS_LABEL
-from spinn.errors import SpinnError
-from spinn.io import atomic_path
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import atomic_path
 from spinn.trees.binarize import binarize
 from spinn.trees.tree import Tree, format_binary, format_ptb
 

@@ -23,7 +23,7 @@ from typing import IO, NamedTuple
 
 from spinn.data.limits import Inflation
 from spinn.data.rejects import RAW_EXCERPT_CHARS
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 GZIP_MAGIC = b"\x1f\x8b"  # gzip is recognised by content, whatever the file's name
 UTF8_BOM = b"\xef\xbb\xbf"

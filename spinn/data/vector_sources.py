@@ -17,7 +17,7 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from spinn.data.fetch import Checksum, ensure_archive, fetch_url
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 GLOVE_6B_50D = "glove-6b-50d"
 """The packaged default source name."""

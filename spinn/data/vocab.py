@@ -21,9 +21,9 @@ from pydantic import Field
 
 from spinn.data.schema import read_pairs
 from spinn.data.split_files import with_partner
-from spinn.errors import SpinnError, SpinnWarning
-from spinn.io import atomic_path, publishing
-from spinn.settings import Settings
+from spinn.ground.errors import SpinnError, SpinnWarning
+from spinn.ground.io import atomic_path, publishing
+from spinn.ground.settings import Settings
 
 PAD = "<pad>"
 UNK = "<unk>"

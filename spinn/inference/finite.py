@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 
 def check_probabilities(probabilities: numpy.ndarray, rows: Sequence[int], model: str) -> None:

@@ -35,13 +35,6 @@ REASON_CHARS = 300
 """A refused capture's reason is the start of its error's first line."""
 
 
-def autocast(device: torch.device, amp: bool, graphed: bool) -> contextlib.AbstractContextManager:
-    """bf16 autocast on CUDA when asked; its weight cache is off under graphs (a replay must not reuse it)."""
-    if device.type == "cuda" and amp:
-        return torch.autocast(device_type="cuda", dtype=torch.bfloat16, cache_enabled=not graphed)
-    return contextlib.nullcontext()
-
-
 def batch_tensors(batch: Batch) -> list[Tensor]:
     """Every tensor of a batch, in a fixed order (the graph's static inputs)."""
     tensors = [getattr(batch, item.name) for item in fields(batch) if item.name != "plan"]

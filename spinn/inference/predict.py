@@ -20,10 +20,10 @@ import numpy
 import torch
 from torch import Tensor
 
-from spinn.cores import recheck
 from spinn.data.example import Example
-from spinn.errors import SpinnError
-from spinn.inference.step import InferStep
+from spinn.ground.cores import recheck
+from spinn.ground.errors import SpinnError
+from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, sentence_batch
 from spinn.model.config import TransitionSource
 from spinn.model.spinn import SPINN, transition_counts
@@ -79,7 +79,7 @@ def predict(
     step = step or InferStep(model, source)
     if step.source is not source:
         raise SpinnError(f"the inference step runs on {step.source.value} transitions, not {source.value}")
-    sentences = Sentences.of(examples)
+    sentences = DistinctSentences.of(examples)
     batches = sentences.batches(SENTENCES_PER_PAIR * batch_size)
     done = _progress(sentences, batches)
     was_training = model.training
@@ -98,7 +98,7 @@ def predict(
 
 
 @dataclass(frozen=True)
-class Sentences:
+class DistinctSentences:
     """The distinct sentences of a list of pairs, and where each pair's two sentences are among them.
 
     A sentence's encoding does not depend on its partner (the encoder reads each
@@ -114,7 +114,7 @@ class Sentences:
     hypothesis: Tensor  # (P,) long
 
     @classmethod
-    def of(cls, examples: Sequence[Example]) -> Sentences:
+    def of(cls, examples: Sequence[Example]) -> DistinctSentences:
         index: dict[tuple, int] = {}
         premise = [index.setdefault((e.premise, e.premise_transitions), len(index)) for e in examples]
         hypothesis = [index.setdefault((e.hypothesis, e.hypothesis_transitions), len(index)) for e in examples]
@@ -122,7 +122,7 @@ class Sentences:
         return cls(list(words), list(transitions), torch.tensor(premise), torch.tensor(hypothesis))
 
     def batches(self, size: int) -> list[list[int]]:
-        """Sentences sorted by length and cut into batches of `size`: little padding, few distinct widths."""
+        """The sentences sorted by length and cut into batches of `size`: little padding, few distinct widths."""
         if size < 1:
             raise SpinnError(f"batch size must be at least 1, got {size}")
         order = sorted(range(len(self.words)), key=lambda i: (len(self.words[i]), i))
@@ -143,7 +143,7 @@ class _Encoded:
     counts: Tensor | None  # (n, 2) [real steps, agreeing steps] of each sentence (spinn.model.spinn.transition_counts)
 
 
-def _encode(step: InferStep, sentences: Sentences, indices: list[int], device: torch.device) -> _Encoded:
+def _encode(step: InferStep, sentences: DistinctSentences, indices: list[int], device: torch.device) -> _Encoded:
     """One batch of distinct sentences through the step's encoder; nothing is read back."""
     words = [sentences.words[i] for i in indices]
     batch = sentence_batch(words, [sentences.transitions[i] for i in indices], width_step=WIDTH_STEP)
@@ -155,7 +155,7 @@ def _encode(step: InferStep, sentences: Sentences, indices: list[int], device: t
     return _Encoded(indices, encoding.vectors, encoding.transitions, counts)
 
 
-def _progress(sentences: Sentences, batches: list[list[int]]) -> list[int]:
+def _progress(sentences: DistinctSentences, batches: list[list[int]]) -> list[int]:
     """Pairs' worth of work each batch does: the pairs times the share of the sentences it encodes, summing
     to the pairs. Counting the pairs a batch completes would stall the bar while short sentences run (a pair
     is complete only once its long premise is) and jump at the end."""
@@ -165,7 +165,7 @@ def _progress(sentences: Sentences, batches: list[list[int]]) -> list[int]:
 
 
 def _classify(
-    step: InferStep, encoded: list[_Encoded], order: list[int], sentences: Sentences, batch_size: int
+    step: InferStep, encoded: list[_Encoded], order: list[int], sentences: DistinctSentences, batch_size: int
 ) -> Tensor:
     """(P, C) float32 class logits of the pairs in input order, from their sentences' vectors; on the device."""
     vectors = torch.cat([batch.vectors for batch in encoded])  # (S, D) in encoding order
@@ -181,7 +181,7 @@ def _classify(
 
 
 def _read_back(
-    logits: Tensor, temperature: float, encoded: list[_Encoded], order: list[int], sentences: Sentences
+    logits: Tensor, temperature: float, encoded: list[_Encoded], order: list[int], sentences: DistinctSentences
 ) -> Predictions:
     """The logits and every sentence's transitions to the host in one copy each, given to each pair; the
     probabilities are the logits' softmax at `temperature`, the labels their argmax."""

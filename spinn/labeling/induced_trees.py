@@ -21,17 +21,17 @@ from typing import ClassVar, NamedTuple
 
 from pydantic import Field
 
-from spinn.cores import torch_threads
 from spinn.data.example import Example
 from spinn.data.limits import TEXT_MAX_TOKENS, UTF8_MAX_BYTES, MaxTokens, max_chars
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
 from spinn.data.text_lines import open_bytes, text_lines
-from spinn.errors import SpinnError, SpinnWarning
+from spinn.ground.cores import torch_threads
+from spinn.ground.errors import SpinnError, SpinnWarning
+from spinn.ground.io import atomic_path, publishing
+from spinn.ground.settings import AUTO, Device, Settings, ThreadCount
 from spinn.inference.predict import predict
-from spinn.io import atomic_path, publishing
 from spinn.model.config import TransitionSource
 from spinn.model.loading import LoadedModel, load_model, resolve_device
-from spinn.settings import AUTO, Device, Settings, ThreadCount
 from spinn.trees.tokenize import tokenize
 from spinn.trees.transitions import format_transitions, parse_binary
 from spinn.trees.treeview import render_trees
@@ -66,7 +66,7 @@ class TreesSettings(Settings):
     """Where the model runs; auto: the GPU when there is one."""
     threads: ThreadCount = AUTO
     """torch threads on CPU; auto: the cores other work leaves free, within the cores this process may use,
-    followed as they change (spinn/cores.py). The trees do not depend on it."""
+    followed as they change (spinn/ground/cores.py). The trees do not depend on it."""
     max_tokens: MaxTokens = TEXT_MAX_TOKENS
     """A sentence (a .txt line, a pairs file's sentence) longer than this many tokens allows in characters is
     skipped before the tokenizer sees it (spinn/data/limits.py)."""
@@ -89,7 +89,7 @@ def induce_trees(
     optionally draw the first `html_trees` distinct trees as an HTML page; returns how many trees were
     written. Each distinct sentence is parsed once (SNLI-style data repeats a premise for each of its
     hypotheses). Refused before the model loads when an output is the input or the model, while another run
-    writes one (spinn.io.publishing), or when a pairs file's output is not .jsonl."""
+    writes one (spinn.ground.io.publishing), or when a pairs file's output is not .jsonl."""
     input_path, output = Path(input_path), Path(output)
     written = [output, *([Path(html)] if html is not None else [])]
     with publishing(written, inputs=[input_path, Path(model_reference)]):

@@ -38,8 +38,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from spinn.data.column_sidecar import over_sidecar
-from spinn.errors import SpinnWarning
-from spinn.io import publishing
+from spinn.ground.errors import SpinnWarning
+from spinn.ground.io import publishing
 from spinn.labeling.label_progress import LabelProgress
 from spinn.labeling.label_settings import LabelSettings
 from spinn.labeling.labeller import ModelSource

@@ -7,22 +7,17 @@ results into a half-finished output.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import pyarrow as pa
 from pydantic import Field
 
 from spinn.data.schema import LABELS
 from spinn.data.sentence_pairs import Columns, Format
-from spinn.parsing.settings import ParserSettings
-from spinn.settings import AUTO, Device, Settings, ThreadCount
+from spinn.ground.settings import AUTO, Device, Settings, ThreadCount
+from spinn.model.parser_choice import PARSER_AUTO, ParserChoice
+from spinn.parsing.parser_settings import ParserSettings
 
 DEFAULT_SHARD_SIZE = 10_000
 DEFAULT_BATCH_SIZE = 256
-PARSER_STANZA = "stanza"
-PARSER_MODEL = "model"
-PARSER_AUTO = "auto"
-Parser = Literal["auto", "stanza", "model"]
 PROBABILITY_COLUMNS = tuple(f"p_{label}" for label in LABELS)
 GOLD_COLUMN = "gold_label"
 """The output's column of each row's gold value, as the file gives it (any scheme; None: no gold)."""
@@ -59,7 +54,7 @@ OUTPUT_SCHEMA = pa.schema(
 class LabelSettings(Settings):
     """How to read, parse and batch; everything that changes the output is in the plan's fingerprint."""
 
-    parser: Parser = PARSER_AUTO
+    parser: ParserChoice = PARSER_AUTO
     """stanza: parse first; model: a spinn or rl model builds its own trees from tokens; auto: model for spinn
     and rl (they predict their own transitions, no parser loads), stanza for pi and pi-nt."""
     batch_size: int = Field(DEFAULT_BATCH_SIZE, ge=1)
@@ -73,7 +68,7 @@ class LabelSettings(Settings):
     less arithmetic, and labels that agree with fp32 on most pairs, not all (README's labelling measurements)."""
     threads: ThreadCount = AUTO
     """torch threads for the model on CPU; auto: the cores other work leaves free, within this process's share of
-    the cores it may use (split with parser worker processes), followed as they change (spinn/cores.py). The
+    the cores it may use (split with parser worker processes), followed as they change (spinn/ground/cores.py). The
     labels do not depend on it."""
     max_rejected: float = Field(1.0, ge=0.0, le=1.0)
     """The share of rows that may be rejected before the run fails (its output still written, the reasons in

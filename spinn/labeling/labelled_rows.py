@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from spinn.cores import torch_threads
 from spinn.data.example import Example
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary, unknown_count
+from spinn.ground.cores import torch_threads
 from spinn.inference.finite import check_probabilities
 from spinn.inference.predict import Predictions, predict
 from spinn.labeling.label_settings import PROBABILITY_COLUMNS

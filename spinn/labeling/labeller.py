@@ -24,19 +24,19 @@ from pathlib import Path
 
 import torch
 
-from spinn.cores import decide
-from spinn.errors import SpinnError
-from spinn.inference.step import InferStep
-from spinn.io import file_digest
-from spinn.labeling.label_settings import PARSER_AUTO, PARSER_MODEL, PARSER_STANZA, LabelSettings
+from spinn.ground.cores import decide
+from spinn.ground.io import file_digest
+from spinn.ground.paths import refuse_special_file
+from spinn.inference.infer_step import InferStep
+from spinn.labeling.label_settings import LabelSettings
 from spinn.model.checkpoint import Checkpoint, load_checkpoint
-from spinn.model.config import SPINNConfig, TransitionSource
+from spinn.model.config import SPINNConfig
 from spinn.model.loading import LoadedModel, load_model, resolve_device
-from spinn.model.spinn import check_int8
+from spinn.model.parser_choice import PARSER_STANZA, resolve_parser, trees_source
+from spinn.model.precision import check_int8
 from spinn.parsing.parse import TREES_NONE, TokenOnly
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.protocol import Parser
-from spinn.paths import refuse_special_file
 
 
 class ModelSource:
@@ -90,7 +90,7 @@ class ModelSource:
         loop without int8 GEMMs."""
         self.parser_name(settings)
         if settings.int8:
-            check_int8(self.config)
+            check_int8(config=self.config)
 
     def parser_name(self, settings: LabelSettings) -> str:
         return resolve_parser(settings.parser, self.config)
@@ -126,7 +126,7 @@ class Labeller:
         self.model_source = source
         self.loaded: LoadedModel = load_model(source.checkpoint, resolve_device(settings.device))
         self.parser_name = resolve_parser(settings.parser, self.loaded.model.config)
-        self.transitions = TransitionSource.GREEDY if self.parser_name == PARSER_MODEL else TransitionSource.GOLD
+        self.transitions = trees_source(self.parser_name)
         self.step = InferStep(self.loaded.model, self.transitions, int8=settings.int8)
         self.parser: Parser = (
             SentenceParser(settings.parsing)
@@ -135,7 +135,7 @@ class Labeller:
         )
         # Parser worker processes parse the next shard while the model labels this one: they share the cores.
         self.sharing = 1 + (self.parser.workers if self.parser.workers > 1 else 0)
-        # the model's torch threads as the run starts (auto follows the free cores as it runs: spinn/cores.py)
+        # the model's torch threads as the run starts (auto follows the free cores as it runs: spinn/ground/cores.py)
         self.threads = decide(settings.threads, self.sharing).threads
 
     @property
@@ -144,18 +144,6 @@ class Labeller:
 
     def close(self) -> None:
         self.parser.close()
-
-
-def resolve_parser(parser: str, config: SPINNConfig) -> str:
-    """`auto`: a model that predicts its own transitions (spinn, rl) builds its own trees, so no parser loads
-    (SPINN's point: its tracker parses); pi and pi-nt were trained on parses and need Stanza's."""
-    if parser == PARSER_MODEL and not config.predicts_transitions:
-        raise SpinnError(
-            f"parser model needs a model that predicts its own transitions (spinn, rl); this one is {config.variant}"
-        )
-    if parser == PARSER_AUTO:
-        return PARSER_MODEL if config.predicts_transitions else PARSER_STANZA
-    return parser
 
 
 _WORKER_LABELLERS: dict[tuple[str, str], Labeller] = {}

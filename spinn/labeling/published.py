@@ -30,8 +30,8 @@ from typing import NamedTuple
 import pyarrow.parquet as pq
 
 from spinn.data.vocab import warn_if_mostly_unknown
-from spinn.errors import SpinnError
-from spinn.io import atomic_paths, file_digest
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import atomic_paths, file_digest
 from spinn.labeling.label_settings import OUTPUT_SCHEMA
 from spinn.labeling.shard_plan import (
     PartsFolderError,

@@ -26,8 +26,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spinn.data.rejects import Reject
-from spinn.errors import SpinnError
-from spinn.io import atomic_path
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import atomic_path
 from spinn.labeling.label_progress import LabelProgress, ShardShare
 from spinn.labeling.label_settings import OUTPUT_SCHEMA, TOKENS_KEY, UNKNOWN_TOKENS_KEY, LabelSettings
 from spinn.labeling.labelled_rows import Sentence, SentencePair, label_parsed_pairs

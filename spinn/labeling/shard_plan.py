@@ -37,8 +37,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spinn.data.sentence_pairs import InputPair, read_input_pairs
-from spinn.errors import SpinnError, SpinnWarning
-from spinn.io import LOCK_NAME, atomic_path, file_digest, lock_folder, tidy_folder
+from spinn.ground.errors import SpinnError, SpinnWarning
+from spinn.ground.io import LOCK_NAME, atomic_path, file_digest, lock_folder, tidy_folder
 from spinn.labeling.label_settings import (
     INPUT_SCHEMA,
     OUTPUT_SCHEMA,
@@ -362,7 +362,7 @@ def spread_over(settings: LabelSettings, input_path: Path, workers: int) -> Labe
 
 def check_output(output: Path, reads: dict[str, Path]) -> None:
     """Refuse, before any work, an output that is a folder or whose parts folder holds a file the run reads
-    (an output that is a file the run reads is spinn.io.publishing's one rule, applied by `label`)."""
+    (an output that is a file the run reads is spinn.ground.io.publishing's one rule, applied by `label`)."""
     output = Path(output)
     if output.is_dir():
         example = output / "labels.parquet"

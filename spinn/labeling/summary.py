@@ -27,9 +27,10 @@ import pyarrow.compute as pc
 from spinn.data.label_schemes import AUTO, Agreement, agreement, outside_words
 from spinn.data.rejects import RejectReason
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
-from spinn.labeling.label_settings import GOLD_COLUMN, PARSER_STANZA, PROBABILITY_COLUMNS
+from spinn.ground.errors import SpinnError
+from spinn.labeling.label_settings import GOLD_COLUMN, PROBABILITY_COLUMNS
 from spinn.model.checkpoint import DEV_SHARES_KEY, Checkpoint
+from spinn.model.parser_choice import PARSER_STANZA
 
 NO_REFERENCE = (
     "drift not measured: the model's checkpoint keeps no dev label shares (a last.pt, or a model trained "

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.trees.transitions import REDUCE, SHIFT
 
 ZERO_ROW = 0

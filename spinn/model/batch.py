@@ -23,7 +23,7 @@ from torch import Tensor
 
 from spinn.data.example import Example
 from spinn.data.vocab import PAD_ID
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.addressing import StepPlan, gold_plan
 from spinn.trees.transitions import PAD_TRANSITION, transition_count
 

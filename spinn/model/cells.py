@@ -27,7 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.config import N_ACTIONS, SPINNConfig
 
 GATES_BESIDE_FORGETS = 3

@@ -19,9 +19,9 @@ from typing import Any, Self
 
 import torch
 
-from spinn.errors import SpinnError, refused_checkpoint
-from spinn.io import atomic_path
-from spinn.paths import refuse_special_file
+from spinn.ground.errors import SpinnError, refused_checkpoint
+from spinn.ground.io import atomic_path
+from spinn.ground.paths import refuse_special_file
 
 CHECKPOINT_FORMAT = "spinn.checkpoint"
 CHECKPOINT_VERSION = 1
@@ -54,7 +54,7 @@ class Checkpoint:
     metrics: dict[str, Any] | None = None  # dev scores of the step saved, when it was evaluated
     temperature: float | None = None
     """What the classifier's logits are divided by before the softmax, fitted on dev after training
-    (spinn.training.calibration); None (checkpoints from before calibration): 1.0, the raw softmax."""
+    (spinn.evaluation.calibration); None (checkpoints from before calibration): 1.0, the raw softmax."""
 
     def to_dict(self) -> dict[str, Any]:
         """The file's contents: the format header, then every field (only plain data: weights_only loads it)."""

@@ -1,4 +1,4 @@
-"""The model's settings: one frozen config per model, stored in every checkpoint, and the paper's presets."""
+"""The model's settings: one frozen config per model, stored in every checkpoint (the paper's presets: presets.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any, Literal, get_args
 from pydantic import Field, model_validator
 
 from spinn.data.schema import LABELS
+from spinn.ground.settings import Conflict, Settings
 from spinn.model.policy import Baseline, Reward
-from spinn.settings import Conflict, Settings
 from spinn.trees.transitions import Transition
 
 Variant = Literal["pi-nt", "pi", "spinn", "rl", "cbow"]
@@ -17,6 +17,9 @@ EncoderKind = Literal["fused", "spec"]
 VARIANTS: tuple[str, ...] = get_args(Variant)
 BASELINE = "cbow"
 TREE_VARIANTS = tuple(variant for variant in VARIANTS if variant != BASELINE)
+DEFAULT_VARIANT: Variant = "spinn"
+"""The variant when none is named, for a model and a training run alike: params.yaml's, the one that labels
+without a parser (README, "Which variant ships")."""
 N_ACTIONS = len(Transition)
 
 
@@ -49,7 +52,7 @@ class EncoderLoop(str, Enum):
 class SPINNConfig(Settings):
     """Every hyperparameter of the model; checkpoints store `to_dict()`."""
 
-    variant: Variant = Field("spinn", json_schema_extra={"cli": "--variant", "default_from": None})
+    variant: Variant = Field(DEFAULT_VARIANT, json_schema_extra={"cli": "--variant", "default_from": None})
     """cbow: bag of words; pi-nt: TreeLSTM over the parse; pi: plus a tracker; spinn: the tracker also
     predicts the transitions; rl: the tracker learns its own trees by REINFORCE."""
     encoder: EncoderKind = "fused"
@@ -159,57 +162,3 @@ class SPINNConfig(Settings):
     def from_dict(cls, data: dict[str, Any]) -> SPINNConfig:
         """A checkpoint's stored config (every release's checkpoints hold the same fields)."""
         return cls.build(data, where="model config")
-
-
-# Bowman et al. 2016, appendix hyperparameter table (300D models). Dropout here is
-# the drop probability (the paper lists keep rates). Learning rate and L2 belong to training.
-PRESETS: dict[str, SPINNConfig] = {
-    "spinn-pi-nt-300d": SPINNConfig(
-        variant="pi-nt",
-        d_embed=300,
-        d_hidden=300,
-        d_tracker=0,
-        mlp_layers=2,
-        mlp_dim=1024,
-        embed_dropout=0.17,
-        mlp_dropout=0.06,
-        use_batch_norm=True,
-    ),
-    "spinn-pi-300d": SPINNConfig(
-        variant="pi",
-        d_embed=300,
-        d_hidden=300,
-        d_tracker=61,
-        mlp_layers=2,
-        mlp_dim=1024,
-        embed_dropout=0.08,
-        mlp_dropout=0.07,
-        use_batch_norm=True,
-    ),
-    "spinn-300d": SPINNConfig(
-        variant="spinn",
-        d_embed=300,
-        d_hidden=300,
-        d_tracker=79,
-        mlp_layers=1,
-        mlp_dim=1024,
-        embed_dropout=0.14,
-        mlp_dropout=0.06,
-        use_batch_norm=True,
-        transition_loss_weight=3.9,
-    ),
-    "tiny": SPINNConfig(variant="spinn", d_embed=8, d_hidden=6, d_tracker=5, mlp_layers=1, mlp_dim=10),
-    # The spinn-300d shape, learning its trees from the reward alone (no transition supervision).
-    "rl-300d": SPINNConfig(
-        variant="rl",
-        d_embed=300,
-        d_hidden=300,
-        d_tracker=79,
-        mlp_layers=1,
-        mlp_dim=1024,
-        embed_dropout=0.14,
-        mlp_dropout=0.06,
-        use_batch_norm=True,
-        transition_loss_weight=0.0,
-    ),
-}

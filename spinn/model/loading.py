@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from spinn.data.vocab import Vocabulary
-from spinn.errors import SpinnError, misfit_weights
+from spinn.ground.errors import SpinnError, misfit_weights
 from spinn.model.checkpoint import Checkpoint, load_checkpoint
 from spinn.model.config import SPINNConfig
 from spinn.model.spinn import SPINN

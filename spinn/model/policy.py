@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.trees.transitions import PAD_TRANSITION, REDUCE, SHIFT
 
 Reward = Literal["log_likelihood", "correct"]

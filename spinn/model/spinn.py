@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model import spec, thin_stack_forward, thin_stack_infer
 from spinn.model.addressing import Layout, StepPlan
 from spinn.model.batch import Batch
@@ -52,14 +52,8 @@ from spinn.model.policy import (
     draw_uniforms,
     reinforce,
 )
+from spinn.model.precision import check_int8
 from spinn.trees.transitions import PAD_TRANSITION
-
-
-def check_int8(config: SPINNConfig) -> None:
-    """int8 packs the fused loop's GEMMs; a spec model's loop has none, so it is refused, never run in fp32."""
-    if config.loop is not EncoderLoop.FUSED:
-        encoder = config.encoder
-        raise SpinnError(f"int8 runs in the fused encoder's CPU inference loop; this model's encoder is {encoder}")
 
 
 class Encoding(NamedTuple):
@@ -112,7 +106,7 @@ class Encoder(nn.Module):
 
     def quantize_int8(self) -> None:
         """Pack the composition's weights for int8 dynamic GEMMs (the tracker stays fp32: its argmax is the tree)."""
-        check_int8(self.config)
+        check_int8(config=self.config)
         self.int8 = thin_stack_infer.Gemms.of(self.cells, int8=True)
 
     def forward(self, words: Tensor, run: Run, loop: EncoderLoop) -> EncoderOutput:

@@ -13,7 +13,7 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.parsing.protocol import Parsed
 
 CACHE_TIMEOUT_S = 60.0  # how long a writer waits for another process's transaction

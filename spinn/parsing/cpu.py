@@ -1,7 +1,7 @@
 """How a parsing process spends its memory walks: a garbage collector that skips the models.
 
 A loaded Stanza is ~326,000 objects that the collector would walk at every
-collection parsing triggers. (Its torch threads follow spinn/cores.py: Stanza's
+collection parsing triggers. (Its torch threads follow spinn/ground/cores.py: Stanza's
 small LSTMs gain nothing from more than one.)
 """
 

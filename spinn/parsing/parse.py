@@ -29,12 +29,12 @@ from spinn.data.rejects import Reject, RejectReason
 from spinn.data.schema import GOLD_COLUMN, gold_scheme, pair_schema
 from spinn.data.sentence_pairs import Columns, Format, InputPair, read_input_pairs
 from spinn.data.split_files import prepared_files, with_partner
-from spinn.errors import SpinnWarning
-from spinn.io import atomic_paths, publishing
+from spinn.ground.errors import SpinnWarning
+from spinn.ground.io import atomic_paths, publishing
+from spinn.ground.settings import Settings
 from spinn.parsing.parser import SentenceParser
+from spinn.parsing.parser_settings import ParserSettings
 from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed
-from spinn.parsing.settings import ParserSettings
-from spinn.settings import Settings
 from spinn.trees.tokenize import tokenize
 
 TREES_STANZA, TREES_NONE = "stanza", "none"

@@ -35,8 +35,7 @@ from typing import Self
 
 from spinn.data.rejects import RejectReason
 from spinn.parsing.cache import ParseCache
-from spinn.parsing.protocol import Parsed, Progress, Unparsed
-from spinn.parsing.settings import (
+from spinn.parsing.parser_settings import (
     DEFAULT_SETTINGS,
     TOKENIZER_SPINN,
     ParserSettings,
@@ -45,6 +44,7 @@ from spinn.parsing.settings import (
     resolve_gpu,
     tokenization,
 )
+from spinn.parsing.protocol import Parsed, Progress, Unparsed
 from spinn.parsing.stanza_pipeline import StanzaRunner
 from spinn.parsing.workers import can_fork, parse_in_worker, start_pool
 from spinn.trees.tokenize import tokenize

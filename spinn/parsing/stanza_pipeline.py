@@ -14,14 +14,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spinn.cores import torch_threads
 from spinn.data.rejects import RejectReason
-from spinn.errors import SpinnError
-from spinn.io import file_digest
+from spinn.ground.cores import torch_threads
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import file_digest
 from spinn.parsing.convert import OUTPUT_VERSION, outcome
 from spinn.parsing.cpu import gc_frozen
+from spinn.parsing.parser_settings import (
+    RESOURCES_FILE,
+    TOKENIZER_SPINN,
+    TOKENIZER_STANZA,
+    ParserSettings,
+    tokenization,
+)
 from spinn.parsing.protocol import Parsed, Unparsed
-from spinn.parsing.settings import RESOURCES_FILE, TOKENIZER_SPINN, TOKENIZER_STANZA, ParserSettings, tokenization
 from spinn.trees.tokenize import tokenize
 
 STANZA_PROCESSORS = "tokenize,pos,constituency"

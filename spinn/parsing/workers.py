@@ -17,11 +17,11 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from spinn.children import exit_with_parent
-from spinn.cores import use_threads
+from spinn.ground.children import exit_with_parent
+from spinn.ground.cores import use_threads
 from spinn.parsing.cpu import freeze_for_life, gc_frozen
+from spinn.parsing.parser_settings import ParserSettings, resolve_gpu
 from spinn.parsing.protocol import Parsed, Unparsed
-from spinn.parsing.settings import ParserSettings, resolve_gpu
 from spinn.parsing.stanza_pipeline import StanzaRunner
 
 FORK_PLATFORM = "linux"  # fork is unsafe with macOS system libraries and absent on Windows

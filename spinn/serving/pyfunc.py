@@ -20,11 +20,12 @@ import pandas as pd
 from mlflow.pyfunc import PythonModel
 
 from spinn.data.rejects import RejectReason
-from spinn.labeling.label_settings import PARSER_MODEL, PARSER_STANZA, LabelSettings
+from spinn.labeling.label_settings import LabelSettings
 from spinn.labeling.labelled_rows import PREDICTION_COLUMNS, REJECTED_COLUMN, label_texts
 from spinn.labeling.labeller import Labeller, ModelSource
 from spinn.model.checkpoint import load_checkpoint
 from spinn.model.config import SPINNConfig
+from spinn.model.parser_choice import PARSER_AUTO, resolve_parser
 from spinn.parsing.parse import SENTENCES
 from spinn.tracking.register import CHECKPOINT_ARTIFACT, PARSING_CONFIG
 
@@ -71,6 +72,6 @@ def _text(value: Any) -> str | None:
 def serving_settings(checkpoint: Path, model_config: dict[str, Any]) -> LabelSettings:
     """The model's own trees when it can build them, else Stanza with the parser settings logged with it."""
     config = SPINNConfig.from_dict(load_checkpoint(checkpoint).model_config)
-    parser = PARSER_MODEL if config.predicts_transitions else PARSER_STANZA
+    parser = resolve_parser(PARSER_AUTO, config)
     parsing = {**model_config.get(PARSING_CONFIG, {}), **SERVING_PARSING}
     return LabelSettings.model_validate({"parser": parser, "parsing": parsing})

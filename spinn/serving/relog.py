@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spinn.data.vocab import VOCAB_FILENAME
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import load_checkpoint
 from spinn.model.config import SPINNConfig
+from spinn.model.parser_choice import needs_parser
 from spinn.tracking import logged_models
 from spinn.tracking import store as tracking
 from spinn.tracking.register import log_model
@@ -54,14 +55,14 @@ def relog_version(uri: str) -> Relogged:
         if missing:
             raise SpinnError(f"{uri}: the version's folder lacks {', '.join(missing)}")
         loaded = load_checkpoint(checkpoint)
-        needs_parser = not SPINNConfig.from_dict(loaded.model_config).predicts_transitions
+        parser_needed = needs_parser(SPINNConfig.from_dict(loaded.model_config))
         model_id = log_model(
             old.run_id,
             checkpoint,
             vocabulary,
             config,
             loaded.metrics or {},
-            needs_parser=needs_parser,
+            needs_parser=parser_needed,
             step=loaded.step,
         )
     tags = {**old.tags, RELOGGED_FROM_TAG: f"models:/{name}/{version}"}

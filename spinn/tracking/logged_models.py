@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spinn.errors import SpinnError, unanswered
+from spinn.ground.errors import SpinnError, unanswered
 from spinn.tracking.store import CHECKPOINT_NAME, _client, _mlflow, _unless_missing, tracking_uri
 
 LOGGED_MODEL_ARTIFACTS_DIR = "artifacts"

@@ -40,10 +40,10 @@ import torch
 
 import spinn
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
-from spinn.io import file_digest
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import file_digest
 from spinn.parsing.parse import SENTENCES
-from spinn.parsing.settings import ParserSettings
+from spinn.parsing.parser_settings import ParserSettings
 from spinn.tracking import store as tracking
 from spinn.tracking.logged_models import ColumnSpec, PythonModelSpec, log_python_model, logged_model_of_run
 

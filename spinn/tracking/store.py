@@ -35,8 +35,8 @@ from functools import cache
 from pathlib import Path
 from typing import Any, TypeVar
 
-from spinn.errors import MLFLOW_TIMEOUT_VARIABLE, SpinnError
-from spinn.io import OWNER_ONLY, atomic_path, tidy_folder
+from spinn.ground.errors import MLFLOW_TIMEOUT_VARIABLE, SpinnError
+from spinn.ground.io import OWNER_ONLY, atomic_path, tidy_folder
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 MODEL_ARTIFACT_DIR = "model"

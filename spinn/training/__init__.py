@@ -1,1 +1,1 @@
-"""The training and evaluation stages: settings, the training loop, metrics."""
+"""The training stage: settings, the run, the loop, the sync-free step, resume and publishing."""

@@ -17,17 +17,17 @@ import torch
 from spinn.data.embeddings import load_settings_embeddings
 from spinn.data.example import Example
 from spinn.data.vocab import VOCAB_FILENAME, Vocabulary
-from spinn.errors import SpinnError
-from spinn.inference.step import InferStep
-from spinn.io import file_digest
+from spinn.evaluation.evaluate import read_examples
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import file_digest
+from spinn.inference.infer_step import InferStep
 from spinn.model.config import SPINNConfig
 from spinn.model.loading import resolve_device
 from spinn.model.spinn import SPINN
 from spinn.training import distributed
-from spinn.training.config import TrainConfig
 from spinn.training.distributed import Topology
-from spinn.training.evaluate import read_examples
-from spinn.training.step import StepOptions, TrainStep, make_optimizer
+from spinn.training.train_config import TrainConfig
+from spinn.training.train_step import StepOptions, TrainStep, make_optimizer
 
 
 @dataclass

@@ -27,9 +27,9 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from spinn.cores import child_environment
 from spinn.data.example import Example
-from spinn.errors import SpinnError
+from spinn.ground.cores import child_environment
+from spinn.ground.errors import SpinnError
 from spinn.model.batch import WIDTH_STEP, Batch, make_batch
 
 TIMEOUT = timedelta(minutes=10)

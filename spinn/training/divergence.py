@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import load_checkpoint
 from spinn.training.folders import LAST_CHECKPOINT
 

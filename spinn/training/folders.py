@@ -12,7 +12,7 @@ DVC's stages keep their declared `--output-dir`.
 
 An output folder holds one run. A run holds the folder's lock while it works
 (a second run there is refused, naming it) and records its MLflow run id in
-it; the lock lives beside the folder (spinn.io.lock_output_folder), since DVC
+it; the lock lives beside the folder (spinn.ground.io.lock_output_folder), since DVC
 deletes the folder itself before it reruns the stage. A new run refuses a
 folder that holds an earlier run's checkpoints unless told to `resume` or
 `overwrite` it, and marks the previous holder's MLflow run KILLED when that
@@ -27,10 +27,10 @@ import json
 from pathlib import Path
 
 from spinn.data.vocab import VOCAB_FILENAME
-from spinn.errors import SpinnError
-from spinn.io import FolderLock, file_digest, tidy_folder
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import FolderLock, file_digest, tidy_folder
 from spinn.model.checkpoint import load_checkpoint
-from spinn.training.config import TrainConfig
+from spinn.training.train_config import TrainConfig
 
 RUNS_DIR = Path("data/runs")
 """The default root of run folders (`spinn train` without --output-dir)."""

@@ -1,12 +1,12 @@
 """The training loop: epochs of seeded, length-bucketed batches, logging, dev evaluation, checkpoints.
 
 Plain PyTorch: RMSprop with the paper's step decay, gradient clipping and
-periodic dev evaluation with early stopping (spinn.training.step runs each
+periodic dev evaluation with early stopping (spinn.training.train_step runs each
 step). Under torchrun every rank runs this loop on its share of each global
 batch; rank 0 (`topology.is_main`) alone evaluates, writes checkpoints and
 talks to MLflow, and the others meet it at the same points. best.pt gets the
 softmax temperature that calibrates its probabilities on dev
-(spinn.training.calibration): from the evaluation that made it best, or, when
+(spinn.evaluation.calibration): from the evaluation that made it best, or, when
 the model labels on other trees than dev is scored on, from one run at the end.
 """
 
@@ -17,7 +17,10 @@ from dataclasses import dataclass, replace
 
 from tqdm import tqdm
 
-from spinn.cores import recheck
+from spinn.evaluation.calibration import fit_temperature
+from spinn.evaluation.evaluate import Scored, predict_examples, transition_source
+from spinn.ground.cores import recheck
+from spinn.ground.progress import ProgressClock
 from spinn.model.batch import bucket_batches
 from spinn.model.checkpoint import load_checkpoint, rng_states, save_checkpoint
 from spinn.model.config import SPINNConfig, TransitionSource
@@ -25,13 +28,10 @@ from spinn.model.loading import load_model
 from spinn.tracking import links
 from spinn.training import distributed
 from spinn.training.build import TrainingRun
-from spinn.training.calibration import fit_temperature
-from spinn.training.checkpoints import save_run
 from spinn.training.divergence import check_loss, check_weights
-from spinn.training.evaluate import Scored, predict_examples, transition_source
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT
 from spinn.training.loader import prefetch
-from spinn.training.progress import ProgressClock
+from spinn.training.resume import save_run
 from spinn.training.state import TrainState, budget_spent
 
 RL_METRICS = ("rl_reward", "rl_baseline", "policy_entropy", "reduce_fraction")

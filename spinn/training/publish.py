@@ -15,17 +15,18 @@ import time
 from pathlib import Path
 
 from spinn.data.vocab import VOCAB_FILENAME
-from spinn.io import atomic_path, publishing, write_json
+from spinn.evaluation.metrics import Metrics, plot_confusion
+from spinn.ground.io import atomic_path, publishing, write_json
 from spinn.model.checkpoint import load_checkpoint
+from spinn.model.parser_choice import needs_parser
 from spinn.tracking.register import SELECTION_METRIC
 from spinn.training import continuation, distributed
 from spinn.training.build import TrainingRun
-from spinn.training.checkpoints import save_run
-from spinn.training.config import TrainConfig
 from spinn.training.folders import BEST_CHECKPOINT, LAST_CHECKPOINT, REPORT_NAME
 from spinn.training.loop import calibrate_best, evaluate_dev
-from spinn.training.metrics import Metrics, plot_confusion
+from spinn.training.resume import save_run
 from spinn.training.state import TrainResult, TrainState
+from spinn.training.train_config import TrainConfig
 
 TRAIN_METRICS_NAME = "train.json"
 TRAIN_CURVE_NAME = "train_curve.csv"
@@ -193,8 +194,7 @@ def _publish(run: TrainingRun, state: TrainState, report: dict, tracking, regist
         run.vocabulary.save(folder / VOCAB_FILENAME)
         (folder / "config.json").write_text(json.dumps(config.to_dict(), indent=2), encoding="utf-8")
         files = (checkpoint, folder / VOCAB_FILENAME, folder / "config.json")
-        needs_parser = not config.model.predicts_transitions
-        log_model(state.run_id, *files, report["dev"], needs_parser=needs_parser, step=state.best_step)
+        log_model(state.run_id, *files, report["dev"], needs_parser=needs_parser(config.model), step=state.best_step)
         tracking.log_run_artifacts(state.run_id, _dev_report(report, folder), DEV_ARTIFACT_DIR)
         with atomic_path(run.output_dir / REPORT_NAME) as temporary:
             temporary.write_text(json.dumps(report, indent=2), encoding="utf-8")

@@ -15,10 +15,10 @@ from pathlib import Path
 import yaml
 
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
-from spinn.io import atomic_path
+from spinn.ground.io import atomic_path
 from spinn.training import distributed
-from spinn.training.config import TrainConfig
 from spinn.training.state import TrainResult
+from spinn.training.train_config import TrainConfig
 
 RESULT_NAME = "result.json"
 """What rank 0 leaves for the process that launched a distributed run: the TrainResult."""

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spinn.training.config import TrainConfig
+from spinn.training.train_config import TrainConfig
 
 
 @dataclass
@@ -47,7 +47,7 @@ class TrainResult:
     pairs_per_second: float
     dev_metrics: dict[str, Any] = field(default_factory=dict)
     temperature: float = 1.0
-    """best.pt's softmax temperature, fitted on dev (spinn.training.calibration)."""
+    """best.pt's softmax temperature, fitted on dev (spinn.evaluation.calibration)."""
     eval_seconds: float = 0.0
 
 

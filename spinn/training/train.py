@@ -20,15 +20,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from spinn.cores import torch_threads
 from spinn.data.embeddings import DEFAULT_CACHE_DIR
 from spinn.data.split_files import with_partner
-from spinn.errors import SpinnError
-from spinn.io import FolderLock, check_outputs, lock_output_folder
+from spinn.ground.cores import torch_threads
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import FolderLock, check_outputs, lock_output_folder
 from spinn.training import distributed
 from spinn.training.build import TrainingRun, build_run
-from spinn.training.checkpoints import resume_run
-from spinn.training.config import TrainConfig
 from spinn.training.continuation import continuation_name, continuation_tags, finished_run
 from spinn.training.distributed import Topology
 from spinn.training.folders import (
@@ -48,7 +46,9 @@ from spinn.training.folders import (
 from spinn.training.loop import loop
 from spinn.training.publish import default_run_name, finish, log_run_start, nothing_to_publish, reused_result
 from spinn.training.relaunch import train_distributed, write_result
+from spinn.training.resume import resume_run
 from spinn.training.state import TrainResult, TrainState
+from spinn.training.train_config import TrainConfig
 
 
 def train(

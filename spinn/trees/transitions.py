@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from enum import IntEnum
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 from spinn.trees.tree import CLOSE, OPEN, Tree, TreeError, TreeProblem, node
 
 

@@ -15,7 +15,7 @@ import re
 from dataclasses import dataclass
 from enum import Enum
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 OPEN = "("
 CLOSE = ")"

@@ -19,7 +19,7 @@ import html
 from pathlib import Path
 from typing import NamedTuple
 
-from spinn.io import atomic_path
+from spinn.ground.io import atomic_path
 from spinn.trees.tree import Tree
 
 LEAF_GAP = 64  # px between neighbouring words

@@ -23,10 +23,10 @@ from spinn.data.label_schemes import AUTO, ENTAILMENT, THREE_WAY, Agreement, agr
 from spinn.data.pairs import encode_pairs, read_raw_pairs, split_gold_scheme
 from spinn.data.schema import LABELS
 from spinn.data.vocab import Vocabulary
-from spinn.errors import SpinnError
+from spinn.evaluation.calibration import Calibration
+from spinn.evaluation.metrics import Metrics
+from spinn.ground.errors import SpinnError
 from spinn.inference.predict import Predictions
-from spinn.training.calibration import Calibration
-from spinn.training.metrics import Metrics
 
 
 @dataclass(frozen=True)

@@ -25,8 +25,9 @@ from pathlib import Path
 
 import numpy as np
 
-from spinn.errors import SpinnError
-from spinn.io import atomic_path
+from spinn.evaluation.figures import saved_figure
+from spinn.ground.errors import SpinnError
+from spinn.ground.io import atomic_path
 
 ECE_BINS = 15
 """Equal-width bins of the top probability, as Guo et al. measured ECE."""
@@ -255,36 +256,27 @@ def _write_bins(path: Path, reliability: Reliability) -> None:
 def plot_reliability(calibration: Calibration, path: Path, title: str = "Reliability") -> Path:
     """The reliability diagram as a PNG: accuracy against mean top probability per bin, before and after
     the temperature, with the diagonal a calibrated model lies on."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on servers and CI
-    import matplotlib.pyplot as plt
-
-    figure, axes = plt.subplots(figsize=(4.8, 4.4), dpi=120)
-    axes.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1, label="calibrated exactly")
     styles = {
         UNCALIBRATED: ("tab:red", "o", "T = 1"),
         CALIBRATED: ("tab:blue", "s", f"T = {calibration.temperature:.3f}"),
     }
-    for name, reliability in calibration.series():
-        color, marker, temperature = styles[name]
-        used = [one for one in reliability.bins if one.count]
-        axes.plot(
-            [one.confidence for one in used],
-            [one.accuracy for one in used],
-            color=color,
-            marker=marker,
-            label=f"{temperature}: ECE {reliability.ece:.3f}",
-        )
-    axes.set_xlim(0, 1)
-    axes.set_ylim(0, 1)
-    axes.set_xlabel(f"mean top probability ({len(calibration.calibrated.bins)} equal-width bins)")
-    axes.set_ylabel("accuracy")
-    axes.set_title(title)
-    axes.legend(loc="upper left", fontsize="small")
-    figure.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
+    with saved_figure(path, (4.8, 4.4)) as axes:
+        axes.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1, label="calibrated exactly")
+        for name, reliability in calibration.series():
+            color, marker, temperature = styles[name]
+            used = [one for one in reliability.bins if one.count]
+            axes.plot(
+                [one.confidence for one in used],
+                [one.accuracy for one in used],
+                color=color,
+                marker=marker,
+                label=f"{temperature}: ECE {reliability.ece:.3f}",
+            )
+        axes.set_xlim(0, 1)
+        axes.set_ylim(0, 1)
+        axes.set_xlabel(f"mean top probability ({len(calibration.calibrated.bins)} equal-width bins)")
+        axes.set_ylabel("accuracy")
+        axes.set_title(title)
+        axes.legend(loc="upper left", fontsize="small")
     return path

@@ -32,8 +32,8 @@ from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spinn.errors import DISK_FULL, SpinnError, device_of, redact
-from spinn.paths import plain_file_name, refuse_special_file
+from spinn.ground.errors import DISK_FULL, SpinnError, device_of, redact
+from spinn.ground.paths import plain_file_name, refuse_special_file
 
 _DEFAULT_MODE = 0o666  # what open() would give a new file, before the umask
 OWNER_ONLY = 0o600

@@ -2,7 +2,7 @@
 never end), and a name that becomes a file name (a split, an archive) is a plain one, in its folder.
 
 Both are checked before any work: every reader's input by `refuse_special_file` (the CLI's input check and
-each reader's own door, which the flows call too), every name by `plain_file_name` (spinn.io's output check).
+each reader's own door, which the flows call too), every name by `plain_file_name` (spinn.ground.io's output check).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import stat
 import unicodedata
 from pathlib import Path
 
-from spinn.errors import SpinnError
+from spinn.ground.errors import SpinnError
 
 _SPECIAL_FILES = (
     (stat.S_ISFIFO, "a named pipe (FIFO)"),

@@ -13,10 +13,12 @@ from pathlib import Path
 
 import numpy as np
 
+from spinn.data import f1_scores
 from spinn.data.schema import LABELS
-from spinn.errors import SpinnError
+from spinn.evaluation.calibration import Calibration
+from spinn.evaluation.figures import saved_figure
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import DEV_SHARES_KEY
-from spinn.training.calibration import Calibration
 
 
 @dataclass(frozen=True)
@@ -61,8 +63,9 @@ class Metrics:
             predicted, actual = matrix[:, index].sum(), matrix[index, :].sum()
             precision = true_positive / predicted if predicted else 0.0
             recall = true_positive / actual if actual else 0.0
-            f1 = 2 * precision * recall / (precision + recall) if precision + recall else 0.0
-            scores[name] = ClassScores(float(precision), float(recall), float(f1), int(actual))
+            scores[name] = ClassScores(
+                float(precision), float(recall), f1_scores.f1(float(precision), float(recall)), int(actual)
+            )
         return scores
 
     @property
@@ -75,8 +78,8 @@ class Metrics:
 
     @property
     def macro_f1(self) -> float:
-        scores = self.per_class().values()
-        return sum(score.f1 for score in scores) / len(self.classes)
+        """Over every class of the scheme (spinn.data.f1_scores.macro_f1 says why)."""
+        return f1_scores.macro_f1({name: scores.f1 for name, scores in self.per_class().items()}, over=self.classes)
 
     @classmethod
     def from_json(cls, data: dict) -> Metrics:
@@ -136,27 +139,18 @@ def score(
 
 def plot_confusion(metrics: Metrics, path: Path, title: str = "Confusion matrix") -> Path:
     """Write the confusion matrix as a PNG (counts and row-normalised shading)."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: no display on servers and CI
-    import matplotlib.pyplot as plt
-
     matrix = np.asarray(metrics.confusion, dtype=np.float64)
     shares = matrix / np.maximum(matrix.sum(axis=1, keepdims=True), 1)
-    figure, axes = plt.subplots(figsize=(4.8, 4.2), dpi=120)
-    axes.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
-    ticks = range(len(metrics.classes))
-    axes.set_xticks(ticks, metrics.classes, rotation=30, ha="right")
-    axes.set_yticks(ticks, metrics.classes)
-    axes.set_xlabel("predicted")
-    axes.set_ylabel("gold")
-    axes.set_title(f"{title}\naccuracy {metrics.accuracy:.4f} ({metrics.examples} examples)")
-    for (row, column), count in np.ndenumerate(matrix):
-        color = "white" if shares[row, column] > 0.5 else "black"
-        axes.text(column, row, f"{int(count)}", ha="center", va="center", color=color)
-    figure.tight_layout()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path)
-    plt.close(figure)
+    with saved_figure(path, (4.8, 4.2)) as axes:
+        axes.imshow(shares, cmap="Blues", vmin=0.0, vmax=1.0)
+        ticks = range(len(metrics.classes))
+        axes.set_xticks(ticks, metrics.classes, rotation=30, ha="right")
+        axes.set_yticks(ticks, metrics.classes)
+        axes.set_xlabel("predicted")
+        axes.set_ylabel("gold")
+        axes.set_title(f"{title}\naccuracy {metrics.accuracy:.4f} ({metrics.examples} examples)")
+        for (row, column), count in np.ndenumerate(matrix):
+            color = "white" if shares[row, column] > 0.5 else "black"
+            axes.text(column, row, f"{int(count)}", ha="center", va="center", color=color)
     return path

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from spinn.errors import SpinnError
+from spinn.evaluation.metrics import Metrics
+from spinn.ground.errors import SpinnError
 from spinn.model.checkpoint import (
     Checkpoint,
     check_vocabulary,
@@ -23,11 +24,10 @@ from spinn.model.checkpoint import (
     save_checkpoint,
 )
 from spinn.training.build import TrainingRun
-from spinn.training.config import TrainConfig
 from spinn.training.distributed import Topology
 from spinn.training.folders import LAST_CHECKPOINT
-from spinn.training.metrics import Metrics
 from spinn.training.state import TrainState, budget_spent
+from spinn.training.train_config import TrainConfig
 
 
 def save_run(

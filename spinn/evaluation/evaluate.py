@@ -8,8 +8,8 @@ same numbers. The split is encoded with the model's vocabulary; the metrics
 report the share of its tokens outside it, with a warning when that is most
 of them. The probabilities are the model's own (its softmax temperature
 applied), and the metrics give their expected calibration error before and
-after that temperature (spinn.training.calibration). Every figure is in the
-split's own gold scheme (spinn.training.scheme_scores: a two-way corpus's
+after that temperature (spinn.evaluation.calibration). Every figure is in the
+split's own gold scheme (spinn.evaluation.scheme_scores: a two-way corpus's
 entailment / not_entailment; the identity for three-way splits).
 `predict_examples` is also what training calls for its periodic dev
 evaluation.
@@ -29,25 +29,26 @@ import torch
 from pydantic import AfterValidator, Field
 from tqdm import tqdm
 
-from spinn.cores import torch_threads
 from spinn.data.example import Example
 from spinn.data.label_schemes import THREE_WAY, checked_scheme
 from spinn.data.pairs import encode_pairs, read_raw_pairs
 from spinn.data.split_files import with_partner
 from spinn.data.vocab import Vocabulary, unknown_count, warn_if_mostly_unknown
-from spinn.errors import SpinnError, SpinnWarning
+from spinn.evaluation.calibration import RELIABILITY_DIR, Calibration, reliability_files, write_reliability
+from spinn.evaluation.metrics import Metrics, plot_confusion, score
+from spinn.evaluation.scheme_scores import Judged, read_gold_split
+from spinn.ground.cores import torch_threads
+from spinn.ground.errors import SpinnError, SpinnWarning
+from spinn.ground.io import atomic_path, publishing, write_json
+from spinn.ground.progress import ProgressClock
+from spinn.ground.settings import AUTO, Device, Settings, ThreadCount
+from spinn.inference.infer_step import InferStep
 from spinn.inference.predict import Predictions, predict
-from spinn.inference.step import InferStep
-from spinn.io import atomic_path, publishing, write_json
 from spinn.model.checkpoint import Checkpoint, check_vocabulary
 from spinn.model.config import SPINNConfig, TransitionSource
 from spinn.model.loading import load_model, resolve_device
+from spinn.model.parser_choice import auto_source
 from spinn.model.spinn import SPINN
-from spinn.settings import AUTO, Device, Settings, ThreadCount
-from spinn.training.calibration import RELIABILITY_DIR, Calibration, reliability_files, write_reliability
-from spinn.training.metrics import Metrics, plot_confusion, score
-from spinn.training.progress import ProgressClock
-from spinn.training.scheme_scores import Judged, read_gold_split
 from spinn.trees.transitions import bracket_counts
 
 EVAL_BATCH_SIZE = 256
@@ -179,7 +180,7 @@ class EvaluateSettings(Settings):
     """auto: the GPU when there is one."""
     threads: ThreadCount = AUTO
     """torch threads on CPU; auto: the cores other work leaves free, within the cores this process may use,
-    followed as they change (spinn/cores.py). The scores do not depend on it."""
+    followed as they change (spinn/ground/cores.py). The scores do not depend on it."""
     track: bool = True
     """Log <split>_accuracy and <split>_macro_f1 to the MLflow run that trained the model (a model whose
     run is not in this store is scored all the same)."""
@@ -206,10 +207,10 @@ def evaluate(
 ) -> Metrics:
     """Score a model on a prepared split in its gold scheme; write metrics JSON (and the confusion PNG, the
     predictions CSV, the reliability diagram and its bins in the folder `reliability`,
-    spinn.training.calibration). Gold values outside the scheme are a warning with counts.
+    spinn.evaluation.calibration). Gold values outside the scheme are a warning with counts.
 
     The probabilities are the model's own (its temperature applied); the metrics give the expected
-    calibration error before (T = 1) and after it. Holds every file it writes (spinn.io.publishing): refused
+    calibration error before (T = 1) and after it. Holds every file it writes (spinn.ground.io.publishing): refused
     before the model loads when an output is the split, its partner, the vocabulary or the checkpoint.
     `report_every_s`: also print a progress line with an ETA that often (a flow's logs)."""
     written = [Path(output), report_path(Path(output)), *(Path(path) for path in (plot, predictions) if path)]
@@ -321,5 +322,6 @@ def transition_source(transitions: str, config: SPINNConfig) -> TransitionSource
     """The setting's `predicted` is the tracker's greedy run; `auto` is greedy for spinn and rl."""
     if transitions == "predicted" and not config.predicts_transitions:
         raise SpinnError(f"a {config.variant} model cannot predict transitions; only spinn and rl can")
-    greedy = transitions == "predicted" or (transitions == "auto" and config.predicts_transitions)
-    return TransitionSource.GREEDY if greedy else TransitionSource.GOLD
+    if transitions == "auto":
+        return auto_source(config)
+    return TransitionSource.GREEDY if transitions == "predicted" else TransitionSource.GOLD

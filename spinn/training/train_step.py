@@ -19,8 +19,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from spinn.inference.graphs import WARMUP_STEPS, Graphs, autocast
+from spinn.inference.graphs import WARMUP_STEPS, Graphs
 from spinn.model.batch import Batch
+from spinn.model.precision import autocast
 from spinn.model.spinn import SPINN, Loss, spinn_loss
 from spinn.training.distributed import summed
 

@@ -11,10 +11,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from spinn.errors import SpinnError
-from spinn.inference.graphs import Graphs, autocast
+from spinn.ground.errors import SpinnError
+from spinn.inference.graphs import Graphs
 from spinn.model.batch import Batch
 from spinn.model.config import EncoderLoop, SPINNConfig, TransitionSource
+from spinn.model.precision import autocast, check_int8
 from spinn.model.spinn import SPINN, Encoding, SPINNOutput
 
 
@@ -35,8 +36,7 @@ class InferStep:
         self.device = next(model.parameters()).device
         self.loop = inference_loop(model.config, self.device, amp)
         if int8:
-            if self.device.type != "cpu":
-                raise SpinnError(f"int8 runs on the CPU only; this model is on {self.device.type}")
+            check_int8(self.device)
             model.quantize_int8()
         graphed = graphs and self.device.type == "cuda"
         self.graphs = Graphs(self._run, self.device) if graphed else None

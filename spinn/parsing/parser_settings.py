@@ -7,10 +7,10 @@ from typing import Literal
 
 from pydantic import Field
 
-from spinn import cores
 from spinn.data.limits import TEXT_MAX_TOKENS, MaxTokens
-from spinn.errors import SpinnError
-from spinn.settings import AUTO, Device, Settings, ThreadNumber, count_or_auto, env_default
+from spinn.ground import cores
+from spinn.ground.errors import SpinnError
+from spinn.ground.settings import AUTO, Device, Settings, ThreadNumber, count_or_auto, env_default
 
 DEFAULT_CACHE_PATH = Path("data/parse_cache/parses.sqlite")
 RESOURCES_FILE = "resources.json"  # what makes a folder a stanza_resources folder

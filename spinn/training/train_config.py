@@ -16,29 +16,22 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from spinn.data.embeddings import EmbeddingSettings
-from spinn.memory import gib, usable_memory
-from spinn.model.config import PRESETS, VARIANTS, SPINNConfig
-from spinn.settings import AUTO, Conflict, Device, Layer, Settings, ThreadCount, count_or_auto, deep_merge, params_layer
-from spinn.training.step import Schedule
+from spinn.ground.memory import gib, usable_memory
+from spinn.ground.settings import (
+    AUTO,
+    Conflict,
+    Device,
+    Layer,
+    Settings,
+    ThreadCount,
+    count_or_auto,
+    deep_merge,
+    params_layer,
+)
+from spinn.model.config import DEFAULT_VARIANT, VARIANTS, SPINNConfig
+from spinn.model.presets import PRESETS
+from spinn.training.train_step import Schedule
 
-# Bowman et al. 2016, appendix table of tuned hyperparameters (300D models): initial
-# learning rate and L2 strength per variant. `cbow` takes the paper's sequence
-# baseline's values, the closest model it tuned.
-PAPER_OPTIMIZATION: dict[str, tuple[float, float]] = {
-    "cbow": (5e-3, 4e-6),
-    "pi-nt": (3e-4, 3e-6),
-    "pi": (7e-3, 2e-5),
-    "spinn": (2e-3, 3e-5),
-    "rl": (2e-3, 3e-5),  # not in the paper: spinn's, the model it extends
-}
-PAPER_MODELS: dict[str, str] = {
-    "pi-nt": "spinn-pi-nt-300d",
-    "pi": "spinn-pi-300d",
-    "spinn": "spinn-300d",
-    "cbow": "spinn-pi-nt-300d",
-    "rl": "rl-300d",
-}
-DEFAULT_VARIANT = "pi"
 REFERENCE_BATCH_SIZE = 32
 """The paper's batch size, at which its learning rates and decay interval were tuned."""
 GPU_BATCH_SIZE = 256
@@ -89,15 +82,13 @@ class TrainConfig(Settings):
 
     section: ClassVar[str] = "train"
 
-    model: SPINNConfig = Field(
-        default_factory=lambda: PRESETS[PAPER_MODELS[DEFAULT_VARIANT]], json_schema_extra=FROM_VARIANT
-    )
+    model: SPINNConfig = Field(default_factory=lambda: PRESETS[DEFAULT_VARIANT].model, json_schema_extra=FROM_VARIANT)
     """The model; fields left unset take the paper's preset for its variant."""
     embeddings: EmbeddingSettings = EmbeddingSettings()
     """The word vectors (params.yaml's `embeddings` section: the embeddings stage cached them)."""
-    learning_rate: float = Field(PAPER_OPTIMIZATION[DEFAULT_VARIANT][0], gt=0, json_schema_extra=FROM_VARIANT)
+    learning_rate: float = Field(PRESETS[DEFAULT_VARIANT].learning_rate, gt=0, json_schema_extra=FROM_VARIANT)
     """RMSprop's initial learning rate at the paper's batch of 32 (lr_scaling adapts it to batch_size)."""
-    weight_decay: float = Field(PAPER_OPTIMIZATION[DEFAULT_VARIANT][1], ge=0, json_schema_extra=FROM_VARIANT)
+    weight_decay: float = Field(PRESETS[DEFAULT_VARIANT].weight_decay, ge=0, json_schema_extra=FROM_VARIANT)
     """L2 strength."""
     lr_decay: float = Field(0.75, gt=0, le=1)
     """Learning-rate factor applied every lr_decay_steps."""
@@ -138,7 +129,7 @@ class TrainConfig(Settings):
     """bf16 autocast on GPU (cell state stays fp32)."""
     threads: ThreadCount = AUTO
     """torch intra-op threads on CPU; auto: the cores other work leaves free, within this process's share of the
-    cores it may use (a torchrun rank's: OMP_NUM_THREADS), followed as they change (spinn/cores.py)."""
+    cores it may use (a torchrun rank's: OMP_NUM_THREADS), followed as they change (spinn/ground/cores.py)."""
     experiment: str = "spinn"
     """MLflow experiment."""
     registered_model: str = "spinn"
@@ -167,10 +158,10 @@ class TrainConfig(Settings):
             return data
         variant = model.get("variant", DEFAULT_VARIANT)
         if variant in VARIANTS:  # else the model's own validation names the field
-            data["model"] = deep_merge(PRESETS[PAPER_MODELS[variant]].model_dump(), model)
-            learning_rate, weight_decay = PAPER_OPTIMIZATION[variant]
-            data.setdefault("learning_rate", learning_rate)
-            data.setdefault("weight_decay", weight_decay)
+            preset = PRESETS[variant]
+            data["model"] = deep_merge(preset.model.model_dump(), model)
+            data.setdefault("learning_rate", preset.learning_rate)
+            data.setdefault("weight_decay", preset.weight_decay)
         return data
 
     @classmethod

@@ -34,9 +34,9 @@ from pydantic import (
     field_validator,
 )
 
-from spinn import cores
-from spinn.errors import SpinnError
-from spinn.paths import refuse_special_file
+from spinn.ground import cores
+from spinn.ground.errors import SpinnError
+from spinn.ground.paths import refuse_special_file
 
 DEFAULT_PARAMS = Path("params.yaml")
 AUTO = cores.AUTO
@@ -188,7 +188,7 @@ def count_or_auto(unit: str, most: Callable[[int], int] | None = None) -> Any:
 
 
 def within_the_machine(threads: int) -> int:
-    """A thread count this machine can run: at most MOST_THREADS_PER_CORE per usable core (spinn/cores.py)."""
+    """A thread count this machine can run: at most MOST_THREADS_PER_CORE per usable core (spinn/ground/cores.py)."""
     most = cores.most_threads()
     if threads > most:
         raise ValueError(
@@ -198,7 +198,7 @@ def within_the_machine(threads: int) -> int:
 
 
 ThreadCount = count_or_auto("threads", most=within_the_machine)
-"""torch threads: a number, or auto, the rule of spinn/cores.py (the cores other work leaves free)."""
+"""torch threads: a number, or auto, the rule of spinn/ground/cores.py (the cores other work leaves free)."""
 ThreadNumber = Annotated[int, Field(ge=1), AfterValidator(within_the_machine)]
 """torch threads as a number (at least 1, at most what the machine can run)."""
 

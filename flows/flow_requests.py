@@ -1,7 +1,7 @@
 """The flows' parameters: the stages' own settings models, every field optional, as typed forms.
 
 A flow parameter never restates a setting. Each request names the params file
-and carries the stages' `overrides()` models (spinn.settings): the same fields,
+and carries the stages' `overrides()` models (spinn.ground.settings): the same fields,
 types and help texts as the CLI's options and params.yaml's sections, every
 one optional; what is left empty comes from the params file, else the stage's
 default. Each request resolves its settings when it is made, so a misspelt
@@ -20,10 +20,10 @@ from spinn.data.download import CORPORA, DownloadSettings, for_chosen_corpus
 from spinn.data.embeddings import EmbeddingSettings
 from spinn.data.prepare import PrepareSettings
 from spinn.data.vocab import VocabSettings
-from spinn.errors import SpinnError, redact
-from spinn.settings import DEFAULT_PARAMS, Layer, Settings
-from spinn.training.config import TrainConfig
-from spinn.training.evaluate import EvaluateSettings
+from spinn.evaluation.evaluate import EvaluateSettings
+from spinn.ground.errors import SpinnError, redact
+from spinn.ground.settings import DEFAULT_PARAMS, Layer, Settings
+from spinn.training.train_config import TrainConfig
 
 DEFAULT_MODEL = "models:/spinn@champion"
 PARAMS_HELP = "params.yaml whose sections set what is left empty here (null: the defaults only)."
