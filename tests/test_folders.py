@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from spinn.model.config import DEFAULT_VARIANT
 from spinn.training.folders import run_folder
 from spinn.training.train_config import TrainConfig
 
@@ -26,7 +27,7 @@ def folder(root: Path, inputs, **settings) -> Path:
 def test_the_same_run_finds_the_same_folder(tmp_path, inputs):
     first = folder(tmp_path / "runs", inputs, learning_rate=0.001)
     assert first == folder(tmp_path / "runs", inputs, learning_rate=0.001)
-    assert first.parent == tmp_path / "runs" and first.name.startswith("pi-train-")
+    assert first.parent == tmp_path / "runs" and first.name.startswith(f"{DEFAULT_VARIANT}-train-")
 
 
 def test_settings_that_change_the_model_change_the_folder(tmp_path, inputs):

@@ -93,10 +93,10 @@ def label(
     settings = settings or LabelSettings()
     input_path, output = Path(input_path), Path(output)
     source = ModelSource(model_reference)  # an alias resolved once: the version every output row names
-    source.check(settings)  # before any file is touched
     reads = _files_read(input_path, source, settings)
     check_output(output, reads)
     with publishing((output, rejects_file(output), record_file(output)), inputs=reads.values()), hold_output(output):
+        source.check(settings)  # what the model cannot run: refused before any shard is planned
         fingerprint = run_fingerprint(input_path, settings, source.fingerprint(settings))
         names = {"model": source.model_name, "parser": source.parser_name(settings), "input": str(input_path)}
         published = published_run(output, fingerprint, replace=replace)
