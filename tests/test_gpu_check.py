@@ -239,3 +239,22 @@ def test_the_dry_run_rehearses_every_part_on_the_cpu(snli_dev, tmp_path):
     timings = parts["encoders"]["result"]["timings"]
     assert {"fused graphs", "fused eager", "spec graphs", "spec eager"} <= timings.keys()
     assert "skipped" in timings["spec compiled"]
+
+
+def test_a_dry_run_part_past_its_limit_is_stopped_with_its_session_and_the_next_part_still_runs(snli_dev, tmp_path):
+    """The dry run forks its parts from one server: one stopped at its limit (nccl, which starts torchrun in its
+    session) answers None and leaves no process behind; the server forks the next part as before."""
+    work, logs = tmp_path / "work", tmp_path / "logs"
+    logs.mkdir()
+    work.mkdir()
+    forks = driver.PartForks(work, snli_dev.parent, driver.part_environment(work, dry=True))
+    try:
+        assert forks.run("nccl", tmp_path / "nccl.json", logs / "nccl.log", {}, limit=1.0) is None
+        stopped = json.loads((tmp_path / "nccl.json").read_text())
+        assert stopped["part"] == "nccl" and stopped["status"] == "running"
+        assert forks.run("device", tmp_path / "device.json", logs / "device.log", {}, limit=60) == 0
+        assert json.loads((tmp_path / "device.json").read_text())["checks"] == {"import blocker active": True}
+    finally:
+        forks.close()
+    leftover = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True).stdout.split()
+    assert leftover == [], leftover
