@@ -69,8 +69,8 @@ DEV_FILE, TEST_FILE = "snli_1.0_dev.jsonl.gz", "snli_1.0_test.jsonl.gz"
 FULL_DEADLINE_S = 390
 """The whole GPU run, wheels installed before it: within 7 minutes, so a second shorter call still fits."""
 DRY_DEADLINE_S = 300
-"""The dry run takes about a minute of CPU (under 2 minutes on two idle cores); this much leaves room for busy
-ones before parts are skipped."""
+"""The dry run takes about half a minute of CPU (its parts forked from one interpreter); this much leaves room
+for busy cores before parts are skipped."""
 MIN_PART_S = 15
 """A part is not started with less time than this left."""
 TABLE_RESERVE_S = 5
@@ -168,7 +168,8 @@ def parse_arguments(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--dry-run", action="store_true", help="every part at the smallest size, on the CPU")
     parser.add_argument("--out", type=Path, help="where the JSON results go (default: $OUT, else gpu-check/)")
     parser.add_argument("--only", type=_part_list, help=f"comma-separated parts, of: {', '.join(PART_NAMES)}")
-    parser.add_argument("--deadline", type=_seconds, help="seconds for the whole run (default: 390; dry run 110)")
+    deadlines = f"default: {FULL_DEADLINE_S}; dry run {DRY_DEADLINE_S}"
+    parser.add_argument("--deadline", type=_seconds, help=f"seconds for the whole run ({deadlines})")
     parser.add_argument("--data", type=Path, help="folder with the SNLI dev and test .jsonl.gz (default: .gpu-data)")
     parser.add_argument("--prepare", action="store_true", help="download the wheels and copy the SNLI files, once")
     parser.add_argument("--keep", action="store_true", help="keep the work folder (checkpoints, prepared data)")

@@ -22,10 +22,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
-DRY_RUN_CPU_SECONDS = 120
-"""The acceptance: the dry run passes on two cores in under 2 minutes. Its parts run one at a time, each on one
-torch thread, so on idle cores its wall time is about its CPU time; the CPU time is what is asserted, as the
-wall time of a shared machine says more about the neighbours than about the check."""
+DRY_RUN_CPU_SECONDS = 60
+"""The acceptance: the dry run passes on two cores in under 2 minutes; forked from one interpreter, its parts
+take about 27 CPU-s, and this bound (twice that) keeps the suite's budget from creeping back. Its parts run one
+at a time, each on one torch thread, so on idle cores its wall time is about its CPU time; the CPU time is what
+is asserted, as the wall time of a shared machine says more about the neighbours than about the check."""
 
 
 def load_driver():
@@ -194,7 +195,7 @@ def test_without_cuda_the_full_check_stops_after_the_device_part(snli_dev, tmp_p
     assert all("skipped" in rows[name] and "no CUDA device" in rows[name] for name in rows if name != "device")
 
 
-@pytest.mark.slow  # the whole rehearsal: about a minute of CPU time
+@pytest.mark.slow  # the whole rehearsal: about half a minute of CPU time
 def test_the_dry_run_rehearses_every_part_on_the_cpu(snli_dev, tmp_path):
     out = tmp_path / "out"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
