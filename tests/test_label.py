@@ -350,8 +350,8 @@ def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path, 
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"worker processes outlived the killed job: {alive}"
     assert not output.exists()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, check=False)
-    assert done.returncode == 0, done.stderr
+    done = spinn_label_here(command)
+    assert done.exit_code == 0, done.output
     assert "reused from an earlier run" in done.stdout and " 0 reused" not in done.stdout
     labelled = [row["pair_id"] for row in read_output(output)]
     rejected = [json.loads(line)["row"] for line in rejects_file(output).read_text().splitlines()]
@@ -481,6 +481,16 @@ def many_pairs(smoke_model, count: int) -> list[dict]:
     return [{**pairs[i % len(pairs)], "id": f"{pairs[i % len(pairs)]['id']}-{i // len(pairs)}"} for i in range(count)]
 
 
+def spinn_label_here(command: list[str]):
+    """`command` (a `spinn label` command line) run in this process: for a run that is not itself the one killed,
+    stopped or raced (a child process costs seconds of imports). Its click Result: exit_code, stdout, stderr."""
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    return CliRunner().invoke(main, command[1:])
+
+
 def one_thread() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -499,10 +509,10 @@ def test_a_second_run_on_the_same_output_is_refused_at_once_naming_the_first(smo
     first = start_until_a_shard_is_labelled(command, output)
     try:
         first.send_signal(signal.SIGSTOP)
-        second = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, env=one_thread())
+        second = spinn_label_here(command)
     finally:
         first.send_signal(signal.SIGCONT)
-    assert second.returncode == 1, second.stdout
+    assert second.exit_code == 1, second.output
     message = second.stderr.strip()
     assert "\n" not in message and f"pid {first.pid} on " in message
     assert f"{output}: being written by another run" in message
@@ -532,8 +542,8 @@ def test_a_run_killed_before_its_publish_is_finished_by_a_rerun_that_then_clears
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert not output.exists() and (parts_folder(output) / "plan.json").is_file()
-    again = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, env=one_thread())
-    assert again.returncode == 0, again.stderr
+    again = spinn_label_here(command)
+    assert again.exit_code == 0, again.output
     assert " 0 reused" not in again.stdout
     assert_every_row_once_in_order(output, rows)
     assert not parts_folder(output).exists()
