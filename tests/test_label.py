@@ -38,6 +38,8 @@ from tests.helpers import DAMAGES, damage_shard, smoke_pairs, stanza_dir, stop_b
 TOLERANCE = 1e-5
 KILL_SHARD_SIZE = 25
 KILL_AFTER_SHARDS = 2
+KILL_ROWS = 4 * KILL_SHARD_SIZE
+"""The kill lands after two of four shards: two left to resume, each a parse of its own, whatever their size."""
 POLL_S = 0.05
 LABEL_TIMEOUT_S = 300
 CONCURRENT_ROWS = 300
@@ -329,7 +331,7 @@ def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path, 
     """With two workers the kill also lands while they parse ahead; they go with the job."""
     import psutil
 
-    rows = smoke_pairs(smoke_model, 200)
+    rows = smoke_pairs(smoke_model, KILL_ROWS)
     rows[7]["premise"] = ""  # one reject, so rejects are checked for exactness too
     source = write_rows(tmp_path / "pairs.jsonl", rows)
     output = tmp_path / "out.parquet"
