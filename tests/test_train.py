@@ -24,7 +24,8 @@ from tests.helpers import PREPARED_DEV_PAIRS, TINY_MODEL, tiny_config
 
 pytestmark = pytest.mark.integration
 
-KILL_RUN_STEPS = 60
+KILL_RUN_STEPS = 30
+"""The kill lands as the first checkpoint (step 5) appears: some 25 steps and their evaluations are left to resume."""
 
 
 def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
