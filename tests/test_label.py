@@ -42,6 +42,9 @@ KILL_ROWS = 4 * KILL_SHARD_SIZE
 """The kill lands after two of four shards: two left to resume, each a parse of its own, whatever their size."""
 POLL_S = 0.05
 LABEL_TIMEOUT_S = 300
+SIZES_ROWS = 30
+"""The small sizes still split unevenly: four shards of 7 and one of 2, model batches of 3 within each, parser
+batches of 5; the behaviour does not depend on the row count."""
 CONCURRENT_ROWS = 300
 """Enough rows that a run is still labelling when a second one starts beside it."""
 REJECT_TYPES = {
@@ -151,7 +154,7 @@ def test_labels_do_not_depend_on_batch_size(smoke_model, tmp_path, parser, reque
 def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_model, tmp_path):
     """One parser process, big shards and batches, against two worker processes, small shards and batches
     (parses ahead of the model): each run parses for itself (no shared cache), so Stanza really runs twice."""
-    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 60))
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, SIZES_ROWS))
     runs = {
         "one": {"shard_size": 1000, "batch_size": 256, "parsing": {"workers": 1, "batch_size": 256}},
         "many": {"shard_size": 7, "batch_size": 3, "parsing": {"workers": 2, "batch_size": 5}},
@@ -161,7 +164,7 @@ def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_mo
         changes["parsing"]["cache_path"] = None
         chosen = settings(tmp_path, parser="stanza").replace(**changes)
         summary = label(source, smoke_model.checkpoint, tmp_path / f"{name}.parquet", chosen)
-        assert summary.labelled == 60 and summary.parse_seconds > 0
+        assert summary.labelled == SIZES_ROWS and summary.parse_seconds > 0
         assert summary.parser_workers == changes["parsing"]["workers"]
         assert ("2 workers" in summary.report()[-1]) == (name == "many")
         outputs[name] = read_output(tmp_path / f"{name}.parquet")
