@@ -3,7 +3,8 @@
 Each case runs the `spinn` command: as a real subprocess where the failure can
 be made real (a read-only folder, a damaged file), and in-process with
 click's runner where it has to be simulated (a full disk: the writer is made
-to raise ENOSPC).
+to raise ENOSPC) or is a refusal of the arguments alone (an output over an
+input: a child process would only add seconds of imports).
 """
 
 from __future__ import annotations
@@ -140,8 +141,8 @@ def test_label_refuses_to_write_over_its_input(smoke_model, tmp_path, suffix, re
     """A CSV input never gets that far: label's output is Parquet, so its name must end .parquet."""
     source = write_rows(tmp_path / f"pairs{suffix}", smoke_pairs(smoke_model, 3))
     before = source.read_bytes()
-    result = spinn(*label_args(source, smoke_model, str(source)))
-    assert result.returncode == 1
+    result = CliRunner().invoke(main, label_args(source, smoke_model, str(source)))
+    assert result.exit_code == 1
     assert f"{source}: {refused}" in one_error_line(result.stderr)
     assert source.read_bytes() == before and not parts_folder(source).exists()
 
@@ -150,8 +151,8 @@ def test_label_refuses_a_rejects_file_over_its_input(smoke_model, tmp_path):
     """`--output pairs.parquet` writes pairs.rejects.jsonl beside it, which here is the input."""
     source = write_rows(tmp_path / "pairs.rejects.jsonl", smoke_pairs(smoke_model, 3))
     before = source.read_bytes()
-    result = spinn(*label_args(source, smoke_model, str(tmp_path / "pairs.parquet")))
-    assert result.returncode == 1
+    result = CliRunner().invoke(main, label_args(source, smoke_model, str(tmp_path / "pairs.parquet")))
+    assert result.exit_code == 1
     assert f"{source}: is the input" in one_error_line(result.stderr) and source.read_bytes() == before
 
 
@@ -160,12 +161,14 @@ def test_label_refuses_to_write_over_its_model_or_parse_cache(smoke_model, tmp_p
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 3))
     model = tmp_path / "model.parquet"
     shutil.copyfile(smoke_model.checkpoint, model)
-    result = spinn("label", str(source), "--model", str(model), "--output", str(model), "--parser", "model")
-    assert result.returncode == 1 and f"{model}: is the input" in one_error_line(result.stderr)
+    result = CliRunner().invoke(
+        main, ["label", str(source), "--model", str(model), "--output", str(model), "--parser", "model"]
+    )
+    assert result.exit_code == 1 and f"{model}: is the input" in one_error_line(result.stderr)
     cache = tmp_path / "parses.parquet"
     cache.write_bytes(b"")
-    result = spinn(*label_args(source, smoke_model, str(cache)), "--parse-cache", str(cache))
-    assert result.returncode == 1 and f"{cache}: is the input" in one_error_line(result.stderr)
+    result = CliRunner().invoke(main, [*label_args(source, smoke_model, str(cache)), "--parse-cache", str(cache)])
+    assert result.exit_code == 1 and f"{cache}: is the input" in one_error_line(result.stderr)
 
 
 @pytest.mark.parametrize("spelling", ["existing folder", "trailing slash"])
@@ -175,8 +178,8 @@ def test_label_refuses_a_folder_as_output_before_any_work(smoke_model, tmp_path,
     if spelling == "existing folder":
         folder.mkdir()
     output = str(folder) + ("/" if spelling == "trailing slash" else "")
-    result = spinn(*label_args(source, smoke_model, output))
-    assert result.returncode == 1
+    result = CliRunner().invoke(main, label_args(source, smoke_model, output))
+    assert result.exit_code == 1
     assert f"{output}: names a folder; --output is the predictions file" in one_error_line(result.stderr)
     assert not parts_folder(folder).exists()
 

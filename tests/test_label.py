@@ -38,8 +38,13 @@ from tests.helpers import DAMAGES, damage_shard, smoke_pairs, stanza_dir, stop_b
 TOLERANCE = 1e-5
 KILL_SHARD_SIZE = 25
 KILL_AFTER_SHARDS = 2
+KILL_ROWS = 4 * KILL_SHARD_SIZE
+"""The kill lands after two of four shards: two left to resume, each a parse of its own, whatever their size."""
 POLL_S = 0.05
 LABEL_TIMEOUT_S = 300
+SIZES_ROWS = 30
+"""The small sizes still split unevenly: four shards of 7 and one of 2, model batches of 3 within each, parser
+batches of 5; the behaviour does not depend on the row count."""
 CONCURRENT_ROWS = 300
 """Enough rows that a run is still labelling when a second one starts beside it."""
 REJECT_TYPES = {
@@ -149,7 +154,7 @@ def test_labels_do_not_depend_on_batch_size(smoke_model, tmp_path, parser, reque
 def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_model, tmp_path):
     """One parser process, big shards and batches, against two worker processes, small shards and batches
     (parses ahead of the model): each run parses for itself (no shared cache), so Stanza really runs twice."""
-    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 60))
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, SIZES_ROWS))
     runs = {
         "one": {"shard_size": 1000, "batch_size": 256, "parsing": {"workers": 1, "batch_size": 256}},
         "many": {"shard_size": 7, "batch_size": 3, "parsing": {"workers": 2, "batch_size": 5}},
@@ -159,7 +164,7 @@ def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_mo
         changes["parsing"]["cache_path"] = None
         chosen = settings(tmp_path, parser="stanza").replace(**changes)
         summary = label(source, smoke_model.checkpoint, tmp_path / f"{name}.parquet", chosen)
-        assert summary.labelled == 60 and summary.parse_seconds > 0
+        assert summary.labelled == SIZES_ROWS and summary.parse_seconds > 0
         assert summary.parser_workers == changes["parsing"]["workers"]
         assert ("2 workers" in summary.report()[-1]) == (name == "many")
         outputs[name] = read_output(tmp_path / f"{name}.parquet")
@@ -329,7 +334,7 @@ def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path, 
     """With two workers the kill also lands while they parse ahead; they go with the job."""
     import psutil
 
-    rows = smoke_pairs(smoke_model, 200)
+    rows = smoke_pairs(smoke_model, KILL_ROWS)
     rows[7]["premise"] = ""  # one reject, so rejects are checked for exactness too
     source = write_rows(tmp_path / "pairs.jsonl", rows)
     output = tmp_path / "out.parquet"
@@ -350,8 +355,8 @@ def test_a_killed_job_resumes_without_duplicates_or_gaps(smoke_model, tmp_path, 
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"worker processes outlived the killed job: {alive}"
     assert not output.exists()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, check=False)
-    assert done.returncode == 0, done.stderr
+    done = spinn_label_here(command)
+    assert done.exit_code == 0, done.output
     assert "reused from an earlier run" in done.stdout and " 0 reused" not in done.stdout
     labelled = [row["pair_id"] for row in read_output(output)]
     rejected = [json.loads(line)["row"] for line in rejects_file(output).read_text().splitlines()]
@@ -481,6 +486,16 @@ def many_pairs(smoke_model, count: int) -> list[dict]:
     return [{**pairs[i % len(pairs)], "id": f"{pairs[i % len(pairs)]['id']}-{i // len(pairs)}"} for i in range(count)]
 
 
+def spinn_label_here(command: list[str]):
+    """`command` (a `spinn label` command line) run in this process: for a run that is not itself the one killed,
+    stopped or raced (a child process costs seconds of imports). Its click Result: exit_code, stdout, stderr."""
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    return CliRunner().invoke(main, command[1:])
+
+
 def one_thread() -> dict[str, str]:
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
@@ -499,10 +514,10 @@ def test_a_second_run_on_the_same_output_is_refused_at_once_naming_the_first(smo
     first = start_until_a_shard_is_labelled(command, output)
     try:
         first.send_signal(signal.SIGSTOP)
-        second = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, env=one_thread())
+        second = spinn_label_here(command)
     finally:
         first.send_signal(signal.SIGCONT)
-    assert second.returncode == 1, second.stdout
+    assert second.exit_code == 1, second.output
     message = second.stderr.strip()
     assert "\n" not in message and f"pid {first.pid} on " in message
     assert f"{output}: being written by another run" in message
@@ -532,8 +547,8 @@ def test_a_run_killed_before_its_publish_is_finished_by_a_rerun_that_then_clears
     first.send_signal(signal.SIGKILL)
     first.wait()
     assert not output.exists() and (parts_folder(output) / "plan.json").is_file()
-    again = subprocess.run(command, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S, env=one_thread())
-    assert again.returncode == 0, again.stderr
+    again = spinn_label_here(command)
+    assert again.exit_code == 0, again.output
     assert " 0 reused" not in again.stdout
     assert_every_row_once_in_order(output, rows)
     assert not parts_folder(output).exists()

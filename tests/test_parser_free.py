@@ -7,6 +7,7 @@ folder exists: a run that touched Stanza anywhere would fail or leave a mark.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -22,39 +23,47 @@ RELEASE = ROOT / "tests" / "fixtures" / "release-0.1.0"
 LABEL_TIMEOUT_S = 300
 PAIRS = 12
 BLOCKER = """
-import importlib.abc, sys
+import importlib.abc, json, sys
+marks_file, commands = sys.argv[1], json.loads(sys.argv[2])
 class NoStanza(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name == "stanza" or name.startswith("stanza."):
-            with open(sys.argv.pop(1), "a") as marks:
+            with open(marks_file, "a") as marks:
                 marks.write(name + "\\n")
             raise ImportError("stanza is blocked in this test")
         return None
 sys.meta_path.insert(0, NoStanza())
 from spinn.cli import main
-main()
+for command in commands:
+    main(command, standalone_mode=False)
 """
-"""Run as `python -c BLOCKER label ...`, with `sys.argv.pop(1)` replaced by the marks file's path."""
+"""Run as `python -c BLOCKER MARKS_FILE COMMANDS_JSON`: each command (`label ...`) in turn, in one process."""
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("variant", ["spinn", "rl"])
-def test_auto_labels_spinn_and_rl_on_their_own_trees_without_stanza(smoke_model, request, tmp_path, variant):
-    checkpoint = smoke_model.checkpoint if variant == "spinn" else request.getfixturevalue("rl_checkpoint")
+def test_auto_labels_spinn_and_rl_on_their_own_trees_without_stanza(smoke_model, rl_checkpoint, tmp_path):
+    """Both variants in one child process: a fresh process is what proves Stanza never loads, and a second
+    start would only add seconds of imports."""
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, PAIRS))
-    marks, output = tmp_path / "stanza_imports.txt", tmp_path / "out.parquet"
+    marks = tmp_path / "stanza_imports.txt"
+    checkpoints = {"spinn": smoke_model.checkpoint, "rl": rl_checkpoint}
+    outputs = {variant: tmp_path / f"{variant}.parquet" for variant in checkpoints}
+    commands = [
+        ["label", str(source), "--model", str(checkpoints[variant]), "--output", str(output), "--device", "cpu"]
+        for variant, output in outputs.items()
+    ]
     env = {key: value for key, value in os.environ.items() if key != "SPINN_STANZA_DIR"}
     env["STANZA_RESOURCES_DIR"] = str(tmp_path / "no-stanza-models")  # absent: nothing to load from
     env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1])
-    command = [sys.executable, "-c", BLOCKER.replace("sys.argv.pop(1)", repr(str(marks)))]
-    command += ["label", str(source), "--model", str(checkpoint), "--output", str(output), "--device", "cpu"]
+    command = [sys.executable, "-c", BLOCKER, str(marks), json.dumps(commands)]
     done = subprocess.run(command, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=LABEL_TIMEOUT_S)
     assert done.returncode == 0, done.stderr
     assert not marks.exists(), f"stanza was imported: {marks.read_text()}"
     assert not (tmp_path / "no-stanza-models").exists()
-    labelled = pq.read_table(output).to_pylist()
-    assert len(labelled) == PAIRS
-    assert {row["parser"] for row in labelled} == {"model"}
+    for variant, output in outputs.items():
+        labelled = pq.read_table(output).to_pylist()
+        assert len(labelled) == PAIRS, variant
+        assert {row["parser"] for row in labelled} == {"model"}, variant
 
 
 def test_auto_resolves_to_the_models_own_trees_only_for_variants_that_predict_them():

@@ -24,7 +24,8 @@ from tests.helpers import PREPARED_DEV_PAIRS, TINY_MODEL, tiny_config
 
 pytestmark = pytest.mark.integration
 
-KILL_RUN_STEPS = 60
+KILL_RUN_STEPS = 30
+"""The kill lands as the first checkpoint (step 5) appears: some 25 steps and their evaluations are left to resume."""
 
 
 def test_two_step_run_is_tracked_checkpointed_and_registered(prepared, workdir):
@@ -292,6 +293,17 @@ def spinn_train(*args: str, cwd: Path) -> subprocess.Popen:
     return subprocess.Popen(command, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
+def spinn_train_here(*args: str) -> None:
+    """`spinn train` in this process, in the working folder: for the runs that are not the one killed or raced
+    (a child process costs seconds of imports)."""
+    from click.testing import CliRunner
+
+    from spinn.cli import main
+
+    trained = CliRunner().invoke(main, ["train", *args])
+    assert trained.exit_code == 0, trained.output
+
+
 @pytest.mark.slow
 def test_resume_after_kill_reaches_the_same_weights(prepared, workdir):
     common = [
@@ -318,8 +330,7 @@ def test_resume_after_kill_reaches_the_same_weights(prepared, workdir):
         "--device",
         "cpu",
     ]
-    whole = spinn_train(*common, "--output", "whole", cwd=workdir)
-    assert whole.wait(timeout=600) == 0, whole.stdout.read()
+    spinn_train_here(*common, "--output", "whole")
 
     killed = spinn_train(*common, "--output", "killed", cwd=workdir)
     last = workdir / "killed" / "last.pt"
@@ -332,8 +343,7 @@ def test_resume_after_kill_reaches_the_same_weights(prepared, workdir):
     interrupted_at = load_checkpoint(last).step
     assert 0 < interrupted_at < KILL_RUN_STEPS
 
-    resumed = spinn_train(*common, "--output", "killed", "--resume", cwd=workdir)
-    assert resumed.wait(timeout=600) == 0, resumed.stdout.read()
+    spinn_train_here(*common, "--output", "killed", "--resume")
     expected = load_checkpoint(workdir / "whole" / "last.pt")
     actual = load_checkpoint(last)
     assert actual.step == expected.step == KILL_RUN_STEPS
@@ -508,8 +518,7 @@ def test_a_run_killed_before_its_first_checkpoint_is_marked_killed_by_the_next(p
     killed.wait(timeout=60)
     assert len(running) == 1 and not (workdir / "m" / "last.pt").exists()
     run_id = running[0].info.run_id
-    later = spinn_train(*data, *tiny, "--set", "max_steps=1", "--device", "cpu", "--output-dir", "m", cwd=workdir)
-    assert later.wait(timeout=600) == 0, later.stdout.read()
+    spinn_train_here(*data, *tiny, "--set", "max_steps=1", "--device", "cpu", "--output-dir", "m")
     assert client.get_run(run_id).info.status == "KILLED"
 
 
@@ -523,8 +532,7 @@ def test_two_runs_started_together_on_a_fresh_store_both_work(prepared, fresh_wo
     ]
     for run in runs:
         assert run.wait(timeout=600) == 0, run.stdout.read()
-    again = spinn_train(*data, *tiny, "--set", "max_steps=1", "--output-dir", "c", cwd=fresh_workdir)
-    assert again.wait(timeout=600) == 0, again.stdout.read()
+    spinn_train_here(*data, *tiny, "--set", "max_steps=1", "--output-dir", "c")
 
 
 def test_without_a_bar_training_prints_progress_lines(prepared, workdir, capsys):
