@@ -52,6 +52,8 @@ SMALL_TRAINING = {
     "experiment": "flow-test",
     "registered_model": "flow-test",
 }
+SMALL_CORPUS = {"train": 300, "dev": 60, "test": 60}
+"""The flows' stages do the same on a fifth of the smoke corpus; README's label run takes 12 test pairs."""
 STAGE_TASKS = {"download", "prepare-train", "prepare-dev", "prepare-test", "vocab", "embeddings", "train", "evaluate"}
 CACHED = "Cached"
 VENV_BIN = Path(sys.executable).parent
@@ -63,7 +65,7 @@ WORKER_TIMEOUT_S = 300
 def project(tmp_path_factory, prefect_api, migrated_store) -> dict:
     """A data folder, an MLflow store and the smoke archive; the environment points MLflow there."""
     root = tmp_path_factory.mktemp("flow-project")
-    archive = write_smoke_corpus(root / "source" / "snli_1.0.zip")
+    archive = write_smoke_corpus(root / "source" / "snli_1.0.zip", sizes=SMALL_CORPUS)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", copy_store(migrated_store, root / "mlflow.db"))
         patch.chdir(root)  # MLflow puts a new experiment's artifacts under ./mlruns: keep them out of the checkout
@@ -354,12 +356,6 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_
         },
         timeout=0,
     )
-    cli(["prefect", "worker", "start", "--pool", "spinn", "--run-once"], checkout, env, timeout=WORKER_TIMEOUT_S)
-    with get_client(sync_client=True) as client:
-        trained = client.read_flow_run(training_run.id)
-    assert trained.state.is_completed(), trained.state.message
-    assert trained.parameters["training"]["settings"]["model"]["variant"] == "spinn"
-
     output = tmp_path / "deployed" / "test.json"
     evaluation = {
         "model": "models:/flow-test@champion",
@@ -368,9 +364,12 @@ def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_
         "data": str(project["root"] / "data" / "prepared" / "test.parquet"),
     }
     flow_run = run_deployment("evaluate-spinn/champion", parameters={"evaluation": evaluation}, timeout=0)
+    # one worker pass takes both scheduled runs (the champion is the first run's: neither waits on the other)
     cli(["prefect", "worker", "start", "--pool", "spinn", "--run-once"], checkout, env, timeout=WORKER_TIMEOUT_S)
     with get_client(sync_client=True) as client:
-        finished = client.read_flow_run(flow_run.id)
+        trained, finished = client.read_flow_run(training_run.id), client.read_flow_run(flow_run.id)
+    assert trained.state.is_completed(), trained.state.message
+    assert trained.parameters["training"]["settings"]["model"]["variant"] == "spinn"
     assert finished.state.is_completed(), finished.state.message
     assert json.loads(output.read_text())["accuracy"] == pytest.approx(first_run.result().test_metrics["accuracy"])
     (decision,) = thread_decisions(tmp_path / "threads.jsonl", "evaluate")  # the flow run's evaluate task

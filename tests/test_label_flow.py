@@ -42,6 +42,26 @@ MEETING_S = 30.0
 SQLite server refused as locked (503) after about 2 s; only a run that labels one file at a time waits it out."""
 
 
+@pytest.fixture(scope="module")
+def dask_address(smoke_model) -> Iterator[str]:
+    """One two-worker cluster for the module's runs that do not test the flow's own cluster: each run pays no
+    cluster start, later runs none of the workers' model loading. Its workers fetch registered models from the
+    smoke model's store, as a real cluster's workers are set up to (each test's store is a copy of it)."""
+    from distributed import LocalCluster
+
+    from flows.label_pairs import LOOPBACK
+
+    with LocalCluster(
+        n_workers=2,
+        threads_per_worker=1,
+        processes=True,
+        host=LOOPBACK,
+        dashboard_address=None,
+        env={"MLFLOW_TRACKING_URI": smoke_model.tracking_uri},
+    ) as cluster:
+        yield cluster.scheduler_address
+
+
 @pytest.fixture
 def request_for(smoke_model, smoke_store, tmp_path, prefect_api):
     """Labelling runs go to a copy of the smoke model's store; tmp_path is the working folder, so the labelling
@@ -77,7 +97,9 @@ def request_for(smoke_model, smoke_store, tmp_path, prefect_api):
 
 
 @pytest.mark.stanza
-def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request_for, tmp_path, monkeypatch):
+def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(
+    smoke_model, request_for, dask_address, tmp_path, monkeypatch
+):
     from flows.label_pairs import label_pairs
 
     for variable, value in thread_rule_env(tmp_path / "threads.jsonl").items():
@@ -95,7 +117,8 @@ def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request
     assert read_index(tmp_path / "labelled").keys() == {"first.csv", "second.jsonl"}
 
     write_rows(tmp_path / "inbox" / "third.parquet", rows[:5])
-    assert list(label_pairs(request)) == ["third.parquet"]
+    # which files are new is the index's business, not the cluster's: the module's cluster spares a start
+    assert list(label_pairs(request_for(dask_address=dask_address))) == ["third.parquet"]
     assert label_pairs(request) == {}
     decisions = thread_decisions(tmp_path / "threads.jsonl", "label")  # the workers' model threads, by the rule
     assert decisions and all(decision["omp_num_threads"] == cores.share(2) for decision in decisions)
@@ -104,7 +127,7 @@ def test_each_inbox_file_is_labelled_once_on_a_dask_cluster(smoke_model, request
 
 
 @pytest.mark.stanza
-def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, request_for, tmp_path):
+def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, request_for, dask_address, tmp_path):
     import mlflow
 
     from flows.label_pairs import label_pairs
@@ -113,7 +136,7 @@ def test_a_failed_file_is_reported_and_retried_on_the_next_run(smoke_model, requ
     bad = tmp_path / "inbox" / "bad.jsonl"
     bad.write_text("".join(json.dumps({"text": row["premise"]}) + "\n" for row in rows), encoding="utf-8")
     write_rows(tmp_path / "inbox" / "good.jsonl", rows)
-    request = request_for(dask_workers=1)
+    request = request_for(dask_workers=1, dask_address=dask_address)
 
     state = label_pairs(request, return_state=True)
     assert state.is_failed() and state.message == "1 of 2 files failed (retried on the next run): bad.jsonl"
@@ -181,14 +204,16 @@ def test_a_file_refused_for_too_many_rejects_alerts_once_until_it_or_the_thresho
     assert raised["mostly_empty.jsonl"]["status"] == DONE and raised["mostly_empty.jsonl"]["labelled"] == 1
 
 
-def test_the_run_artifact_lists_every_file_with_the_figures_its_mlflow_run_logs(smoke_model, request_for, tmp_path):
+def test_the_run_artifact_lists_every_file_with_the_figures_its_mlflow_run_logs(
+    smoke_model, request_for, dask_address, tmp_path
+):
     """The table shows what the file's MLflow run logged, rounded for reading: shares as percentages."""
     import mlflow
 
     from flows.label_pairs import label_pairs
 
     write_rows(tmp_path / "inbox" / "pairs.csv", smoke_pairs(smoke_model, 4))
-    state = label_pairs(request_for(parser="model", dask_workers=1), return_state=True)
+    state = label_pairs(request_for(parser="model", dask_workers=1, dask_address=dask_address), return_state=True)
     output = str(tmp_path / "labelled" / "pairs.csv.labels.parquet")
     row = run_table(state)["pairs.csv"]
     [run] = mlflow.search_runs(
@@ -213,14 +238,19 @@ def test_the_run_artifact_lists_every_file_with_the_figures_its_mlflow_run_logs(
     ]
 
 
-def test_the_parser_reported_is_the_one_the_labeller_resolved(smoke_model, rl_checkpoint, request_for, tmp_path):
+def test_the_parser_reported_is_the_one_the_labeller_resolved(
+    smoke_model, rl_checkpoint, request_for, dask_address, tmp_path
+):
     """parser `auto` with an rl model labels on the model's own trees: every record must say `model`."""
     import mlflow
 
     from flows.label_pairs import label_pairs
 
     write_rows(tmp_path / "inbox" / "pairs.csv", smoke_pairs(smoke_model, 4))
-    state = label_pairs(request_for(model=str(rl_checkpoint), parser="auto", dask_workers=1), return_state=True)
+    state = label_pairs(
+        request_for(model=str(rl_checkpoint), parser="auto", dask_workers=1, dask_address=dask_address),
+        return_state=True,
+    )
     entries = state.result()
 
     rows = pq.read_table(tmp_path / "labelled" / "pairs.csv.labels.parquet").to_pylist()
@@ -234,20 +264,6 @@ def test_the_parser_reported_is_the_one_the_labeller_resolved(smoke_model, rl_ch
     )
     assert [run.data.params["parser"] for run in runs] == ["model"]
     assert run_table(state)["pairs.csv"]["parser"] == "model"
-
-
-@pytest.fixture
-def dask_address() -> Iterator[str]:
-    """One two-worker cluster for both runs of a test: each run pays no cluster start, the second none of the
-    workers' model loading."""
-    from distributed import LocalCluster
-
-    from flows.label_pairs import LOOPBACK
-
-    with LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host=LOOPBACK, dashboard_address=None
-    ) as cluster:
-        yield cluster.scheduler_address
 
 
 def test_inbox_files_are_labelled_side_by_side_as_they_are_one_at_a_time(
