@@ -7,7 +7,7 @@ command needs no environment of its own.
 Tiers: a test file marks its tier (`pytestmark = pytest.mark.e2e` or `integration`;
 `stanza` where it runs Stanza, `slow` where it takes long), a test may mark its own;
 an unmarked test that uses a real store, server, SNLI file or trained model is
-`integration`, any other `unit`. `scripts/test -m "not e2e and not stanza and not slow"`
+`integration`, any other `unit`. `scripts/test -m "not e2e and not integration and not stanza and not slow"`
 is the local loop.
 
 Built once, copied per test: the smoke corpus, its prepared splits, vocabulary,
