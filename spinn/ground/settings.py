@@ -15,7 +15,7 @@ from __future__ import annotations
 import difflib
 import os
 import types
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from functools import cache
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, NamedTuple, Self, Union, get_args, get_origin
@@ -402,6 +402,15 @@ def parse_override(override: str) -> tuple[str, Any]:
     except yaml.YAMLError as error:
         problem = str(error).splitlines()[0]
         raise SpinnError(f"{SET_OPTION} {key.strip()}: the value {text!r} is not valid YAML ({problem})") from None
+
+
+def flatten(nested: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """{"model": {"d_hidden": 100}} -> ("model.d_hidden", 100): nest's inverse, for MLflow params."""
+    for key, value in nested.items():
+        if isinstance(value, dict):
+            yield from flatten(value, f"{prefix}{key}.")
+        else:
+            yield f"{prefix}{key}", value
 
 
 def nest(flat: Iterable[tuple[str, Any]]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from spinn.data.label_schemes import Agreement
+from spinn.ground.settings import flatten
 from spinn.labeling.label_settings import LabelSettings
 from spinn.labeling.summary import NO_REFERENCE, LabelSummary
 
@@ -147,7 +148,7 @@ def _params(summary: LabelSummary, settings: LabelSettings, version: dict[str, s
         "input_path": str(summary.input.absolute()) if summary.input else "",
         "input_sha256": summary.input_sha256,
         "output": str(Path(summary.output).absolute()),
-        **{f"settings.{key}": value for key, value in _flat(settings.to_dict())},
+        **{f"settings.{key}": value for key, value in flatten(settings.to_dict())},
     }
     ran = {"parser_workers": summary.parser_workers, "model_threads": summary.model_threads}
     params.update({name: value for name, value in ran.items() if value is not None})  # None: no shard ran
@@ -185,12 +186,3 @@ def _description(summary: LabelSummary, version: dict[str, str] | None) -> str:
         f"Labelled `{name}` ({summary.labelled} of {summary.rows} rows) with {model}.\n\n"
         f"Predictions: `{Path(summary.output).absolute()}`\n\n{drift_line}.{gold}"
     )
-
-
-def _flat(data: dict[str, Any], prefix: str = ""):
-    """`parsing.workers`-style keys of nested settings, for MLflow params."""
-    for key, value in data.items():
-        if isinstance(value, dict):
-            yield from _flat(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value

@@ -26,6 +26,7 @@ from spinn.ground.settings import (
     ThreadCount,
     count_or_auto,
     deep_merge,
+    flatten,
     params_layer,
 )
 from spinn.model.config import DEFAULT_VARIANT, VARIANTS, SPINNConfig
@@ -218,7 +219,7 @@ class TrainConfig(Settings):
         variant = self.model.variant
         return {
             key: value
-            for key, value in _flatten(self.to_dict())
+            for key, value in flatten(self.to_dict())
             if variant in VARIANT_PARAMS.get(key, frozenset({variant}))
         }
 
@@ -253,11 +254,3 @@ def _migrate_flat_embeddings(data: dict[str, Any]) -> dict[str, Any]:
         if "embeddings_seed" in data:
             data["embeddings"]["seed"] = data.pop("embeddings_seed")
     return data
-
-
-def _flatten(data: dict[str, Any], prefix: str = ""):
-    for key, value in data.items():
-        if isinstance(value, dict):
-            yield from _flatten(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
