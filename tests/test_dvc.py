@@ -182,6 +182,9 @@ def command_env(workdir: Path, repo: Path, mirror_url: str, corpus: Path) -> dic
             "GIT_CONFIG_NOSYSTEM": "1",
             "SPINN_DOWNLOAD_URL": mirror_url,
             "SPINN_DOWNLOAD_CHECKSUM": f"sha256:{file_digest(corpus, 'sha256')}",
+            # DVC runs a stage with $SHELL -c, else /bin/sh -c (CI, cron): pin the dash that stays between
+            # `dvc repro` and the stage, the case a killed repro's orphan has to see through
+            "SHELL": "/bin/sh",
             **thread_rule_env(workdir / THREADS_TRACE),  # one free core: the stages' auto threads run one
         }
     )
@@ -333,14 +336,14 @@ def test_push_then_pull_into_a_fresh_clone_restores_the_model(project: Project):
     assert sha256(clone / "data/raw/snli_1.0.zip") == sha256(project.corpus)
 
 
-ORPHAN_STEPS = 1000
-"""Long enough that the train stage outlives ORPHAN_END_S by far, were it left running."""
+ORPHAN_STEPS = 100_000
+"""A train stage that goes on until it is stopped: one left running fails the wait, not a later check."""
 RERUN_STEPS = 6
 """The rerun's budget: what it shows is whose files data/models holds, not a long training."""
 ORPHAN_END_S = 45
 """How long a stage orphaned by a killed `dvc repro` may take to stop by itself: the parent poll, a step, ending the
-run, on cores the rest of the suite keeps busy (20 s was once too little there). Below ORPHAN_GRACE_S (60 s), so a
-stage that the watch had to end outright still fails here."""
+run, on cores the rest of the suite keeps busy. Below ORPHAN_GRACE_S (60 s), so a stage that the watch had to end
+outright still fails here."""
 STAGE_START_S = 300
 
 

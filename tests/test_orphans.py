@@ -15,8 +15,10 @@ import importlib
 import inspect
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -94,6 +96,55 @@ def test_every_flow_arms_the_orphan_watch_before_any_work(name, monkeypatch, tmp
 
 def test_the_flows_are_found():
     assert set(every_flow()) == {"train-spinn", "prepare-corpus", "evaluate-spinn", "label-pairs", "label-file"}
+
+
+WATCHED = """
+import time
+from spinn.ground import children
+children.stop_when_orphaned()
+print("armed", flush=True)
+try:
+    time.sleep(120)
+except children.Hangup:
+    print("stopped", children.orphaned(), flush=True)
+"""
+"""A command in miniature: it arms the watch, then waits to be stopped."""
+STARTER = "import subprocess, sys, time; subprocess.Popen(sys.argv[1:]); time.sleep(120)"
+"""An orchestrator in miniature (`dvc repro`, a worker): it starts its stage, then is SIGKILLed."""
+WATCHED_STOP_S = 20
+"""The parent poll (0.5 s) and a Python start, on two busy cores."""
+
+
+def shell_between(shell: str, levels: int) -> list[str]:
+    """The watched command under `levels` shells that stay (`; exit $?` keeps any shell from exec'ing its last
+    command, as dash never does: `dvc repro` runs its stages with `/bin/sh -c` where $SHELL is unset)."""
+    line = shlex.join([sys.executable, "-c", WATCHED])
+    for _ in range(levels):
+        line = shlex.join([shell, "-c", f"{line}; exit $?"])
+    return shlex.split(line)
+
+
+@pytest.mark.parametrize(
+    "stage", [["direct", 0], ["sh", 1], ["sh", 2], ["bash", 1]], ids=["parent", "sh", "sh-in-sh", "bash"]
+)
+def test_a_command_outlives_no_starter_whatever_shells_stand_between(stage, tmp_path):
+    """Kill the starter of a command run directly or through shells that stay: the command stops, naming the
+    process it outlived; while the starter lives, it runs on."""
+    shell, levels = stage
+    command = shell_between(shell, levels)
+    output = tmp_path / "out.log"
+    with output.open("w") as log:
+        starter = subprocess.Popen([sys.executable, "-c", STARTER, *command], stdout=log, start_new_session=True)
+    try:
+        wait_for(lambda: "armed" in output.read_text(), WATCHED_STOP_S, "the watched command to arm")
+        time.sleep(3 * children.PARENT_POLL_S)
+        assert output.read_text().split() == ["armed"], "it stopped while its starter ran"
+        starter.kill()
+        starter.wait()
+        wait_for(lambda: "stopped" in output.read_text(), WATCHED_STOP_S, "the orphaned command to stop")
+    finally:
+        os.killpg(starter.pid, signal.SIGKILL)
+    assert output.read_text().split() == ["armed", "stopped", str(starter.pid)]
 
 
 @pytest.mark.slow  # two real training processes and a shell, about 30 s on two busy cores

@@ -19,6 +19,14 @@ prefect.engine`, calls the flow without any CLI) and, once it is gone,
 stops as a hang-up would stop it, cleanly: a `Hangup` raised in the main
 thread ends the MLflow run, lets go of the locks and leaves only published
 files. A command that does not stop within ORPHAN_GRACE_S is ended outright.
+
+The starter is not always the parent: `dvc repro` (on a machine without
+$SHELL, as under CI or cron) runs a stage as `/bin/sh -c "spinn train ..."`,
+and dash does not exec its last command, so the shell stays between the two
+and outlives the killed `dvc repro`. A command therefore watches its parent
+and, while that is a shell, the shell's parent, up to the first ancestor that
+is not one (`lineage`): any of them gone, or moved to a new parent, and the
+command stops.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 PARENT_POLL_S = 0.5
 """How often a worker checks that its parent still runs: a dead parent's workers are gone within this."""
@@ -36,10 +45,17 @@ ORPHAN_GRACE_S = 60
 """How long an orphaned command may take to stop cleanly (a training step, a parser batch on busy cores)."""
 INIT_PID = 1
 """The parent of a process started by init (or adopted by it): there is no starter to outlive."""
+UNSEEN = -1
+"""The parent `_parent_of` gives a process that has ended (or that /proc cannot show)."""
+ZOMBIE = "Z"
+"""/proc's state of a process that has ended and waits for its parent to collect it."""
+SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish", "busybox"})
+"""Programs that run a command line for whoever started them: a command's real starter is above them."""
 
-_orphaned = threading.Event()
 _armed: list[int] = []
-"""The parent this process watches, once armed (a command runs in-process many times in tests)."""
+"""The processes this one watches (`lineage`), once armed (a command runs in-process many times in tests)."""
+_outlived: list[int] = []
+"""The watched process found gone (or moved to a new parent), once one is."""
 
 
 class Hangup(BaseException):
@@ -64,32 +80,69 @@ def stop_when_orphaned() -> None:
 
     Left off where there is no starter to outlive (a parent that is init already) and where the user asked
     the command to outlive its terminal (`nohup` ignores SIGHUP); armed once per process."""
-    parent = os.getppid()
     if _armed or threading.current_thread() is not threading.main_thread():
         return
-    if parent <= INIT_PID or signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+    if os.getppid() <= INIT_PID or signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
         return
-    _armed.append(parent)
+    _armed.extend(lineage())
     signal.signal(signal.SIGHUP, _hang_up)
     main = threading.main_thread().ident
-    threading.Thread(target=_stop_with, args=(parent, main), daemon=True, name="stop-with-parent").start()
+    threading.Thread(target=_stop_with, args=(main,), daemon=True, name="stop-with-parent").start()
 
 
 def orphaned() -> int | None:
-    """The pid of the starter this process outlived, or None while it runs (or nobody watches)."""
-    return _armed[0] if _orphaned.is_set() else None
+    """The pid of the starter (or the shell between) this process outlived, or None while it runs (or
+    nobody watches)."""
+    return _outlived[0] if _outlived else None
+
+
+def lineage() -> list[int]:
+    """The processes this one outlives: its parent and, while that is a shell, the shell's parent, up to the
+    first that is not one (or a child of init). Only the parent where /proc cannot tell (not Linux)."""
+    chain = [os.getppid()]
+    while _name_of(chain[-1]) in SHELLS and (above := _parent_of(chain[-1])) > INIT_PID:
+        chain.append(above)
+    return chain
+
+
+def _stat(pid: int) -> list[str] | None:
+    """/proc/PID/stat's fields after the command name (state, parent, ...), None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _parent_of(pid: int) -> int:
+    fields = _stat(pid)
+    return UNSEEN if fields is None or fields[0] == ZOMBIE else int(fields[1])
+
+
+def _name_of(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _gone() -> int | None:
+    """The first watched process that has ended, else None. Each is watched through the one below it, which
+    moves to a new parent when it ends (this process's own parent by os.getppid, which needs no /proc); the
+    starter's own parent is not its business."""
+    below = [os.getppid(), *map(_parent_of, _armed[:-1])]
+    return next((pid for pid, parent in zip(_armed, below, strict=True) if parent != pid), None)
 
 
 def _hang_up(_signum: int, _frame) -> None:
     raise Hangup
 
 
-def _stop_with(parent: int, main: int) -> None:
-    """Poll the parent; once it is gone, signal the main thread (a signal also ends a blocking wait there),
-    then end the process if it has not ended ORPHAN_GRACE_S later."""
-    while os.getppid() == parent:
+def _stop_with(main: int) -> None:
+    """Poll the lineage; once one of it has ended, signal the main thread (a signal also ends a blocking wait
+    there), then end the process if it has not ended ORPHAN_GRACE_S later."""
+    while (gone := _gone()) is None:
         time.sleep(PARENT_POLL_S)
-    _orphaned.set()
+    _outlived.append(gone)
     signal.pthread_kill(main, signal.SIGHUP)
     time.sleep(ORPHAN_GRACE_S)
     os._exit(EXIT_ORPHANED)
