@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from tqdm import tqdm
 
-LOG_EVERY_S = 30.0
+from spinn.ground.progress import REPORT_EVERY_S
 
 
 class _Bar(tqdm):
@@ -30,7 +30,12 @@ class LabelProgress:
     """Pairs through the parse and model phases of a run of `total` rows."""
 
     def __init__(
-        self, total: int, *, bars: bool = True, log: Callable[[str], None] | None = None, every_s: float = LOG_EVERY_S
+        self,
+        total: int,
+        *,
+        bars: bool = True,
+        log: Callable[[str], None] | None = None,
+        every_s: float = REPORT_EVERY_S,
     ) -> None:
         self.total = total
         self._lock = threading.Lock()
