@@ -49,9 +49,11 @@ SPINN_COMMAND = Path(sys.executable).with_name("spinn")
 CLI_TIMEOUT_S = 300
 POLL_S = 0.1
 TINY_MODEL = {"d_hidden": 16, "d_tracker": 8, "mlp_dim": 32, "mlp_layers": 1}
-"""The one tiny model every training test runs: a step takes milliseconds, and a dozen steps on the 1,024 real
-pairs still learn enough to beat a run that learns nothing (test_train's alias test needs that; half the width
-does not)."""
+"""The one tiny model every test runs (trained, smoke, or built with random vectors as TINY): a step takes
+milliseconds, and a dozen steps on the 1,024 real pairs still learn enough to beat a run that learns nothing
+(test_train's alias test needs that; half the width does not)."""
+TINY_EMBED = 8
+"""The width of the random word vectors a tiny model gets where no embeddings file is read."""
 TINY_MODEL_SETTINGS = tuple(f"model.{key}={value}" for key, value in TINY_MODEL.items())
 """TINY_MODEL as a command's --set settings."""
 TINY_TRAIN_SETTINGS = (*TINY_MODEL_SETTINGS, "threads=1")
@@ -60,7 +62,7 @@ PREPARED_DEV_PAIRS = 120
 
 SMOKE_REGISTERED = "label-test"
 SMOKE_TRAINING = {
-    "model": {"variant": "spinn", "d_hidden": 16, "d_tracker": 8, "mlp_dim": 16},
+    "model": {"variant": "spinn", **TINY_MODEL},
     "batch_size": 32,
     "max_steps": 40,
     "eval_every": 20,
@@ -71,8 +73,7 @@ SMOKE_TRAINING = {
     "experiment": SMOKE_REGISTERED,
     "registered_model": SMOKE_REGISTERED,
 }
-"""The smoke model the labelling tests share (conftest's smoke_model): its own width, the one their expectations
-were written against; it trains once per run, so the size costs seconds once."""
+"""The smoke model the labelling tests share (conftest's smoke_model): the tiny model, trained once per run."""
 
 
 def snli_file(name: str) -> Path:
@@ -474,7 +475,8 @@ def assert_the_thread_rule_ran(decision: dict, *, in_child: bool = True) -> None
 
 TOLERANCE = 1e-10
 """float64: two encoders of the same arithmetic differ only in the order of their sums."""
-TINY = {"d_embed": 8, "d_hidden": 6, "d_tracker": 5, "mlp_layers": 1, "mlp_dim": 10, "use_batch_norm": True}
+TINY = {"d_embed": TINY_EMBED, **TINY_MODEL, "use_batch_norm": True}
+"""TINY_MODEL as SPINNConfig's fields, with random vectors' width and batch norm on: what the model tests build."""
 CASES = [(variant, source) for variant in TREE_VARIANTS for source in SPINNConfig(variant=variant, **TINY).sources]
 """Every tree variant with every transition source it can run."""
 CASE_IDS = [f"{variant}-{source.value}" for variant, source in CASES]

@@ -14,9 +14,18 @@ from spinn.bench import BenchSettings, run_bench
 from spinn.ground.cores import FREE_CORES_VARIABLE
 from spinn.ground.errors import SpinnError
 from spinn.trees.transitions import read_binary_parse
+from tests.helpers import TINY_EMBED, TINY_MODEL
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = dict(d_hidden=8, d_tracker=4, d_embed=6, batch_size=5, steps=2, warmup=1)  # batch = the whole corpus
+TINY = {
+    "d_hidden": TINY_MODEL["d_hidden"],
+    "d_tracker": TINY_MODEL["d_tracker"],
+    "d_embed": TINY_EMBED,
+    "batch_size": 5,
+    "steps": 2,
+    "warmup": 1,
+}
+"""The tiny model's widths, a batch of the whole corpus."""
 PARSES = [
     ("( ( A dog ) ( runs . ) )", "( ( An animal ) moves )", "entailment"),
     ("( ( Two cats ) ( sleep ( on ( a mat ) ) ) )", "( Cats sleep )", "neutral"),

@@ -22,17 +22,20 @@ from spinn.data.example import Example
 from spinn.ground import cores
 from spinn.model.checkpoint import load_checkpoint
 from spinn.training.distributed import Topology, make_share, share
-from tests.helpers import assert_the_thread_rule_ran, copy_store, thread_decisions, thread_rule_env
+from tests.helpers import (
+    TINY_MODEL_SETTINGS,
+    assert_the_thread_rule_ran,
+    copy_store,
+    thread_decisions,
+    thread_rule_env,
+)
 
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
 SETTINGS = [
     "model.variant=pi",
-    "model.d_hidden=16",
-    "model.d_tracker=8",
-    "model.mlp_dim=16",
-    "model.mlp_layers=1",
+    *TINY_MODEL_SETTINGS,
     "model.use_batch_norm=false",
     "model.embed_dropout=0.0",
     "model.mlp_dropout=0.0",

@@ -13,7 +13,7 @@ from spinn.ground.errors import SpinnError
 from spinn.model.addressing import gold_plan
 from spinn.model.batch import Batch, make_batch
 from spinn.model.config import TREE_VARIANTS, EncoderLoop, SPINNConfig, TransitionSource
-from spinn.model.presets import PRESETS, TINY
+from spinn.model.presets import PRESETS
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss, transition_counts
 from spinn.trees.transitions import (
     PAD_TRANSITION,
@@ -23,15 +23,13 @@ from spinn.trees.transitions import (
     transitions_to_tree,
 )
 from spinn.trees.tree import Tree
-from tests.helpers import TINY as TINY_ENCODER
+from tests.helpers import TINY
 
 GOLD = TransitionSource.GOLD
 
 FLOAT32_TOLERANCE = 1e-5
 FLOAT64_TOLERANCE = 1e-10
-SMALL = SPINNConfig(
-    variant="spinn", d_embed=12, d_hidden=16, d_tracker=8, mlp_layers=2, mlp_dim=24, use_batch_norm=True
-)
+CONFIG = SPINNConfig(variant="spinn", **TINY)
 TINY_TREES = [("( ( a b ) c )", "( d e )"), ("a", "( b ( c ( d a ) ) )"), ("( ( b c ) ( d e ) )", "c")]
 
 
@@ -103,7 +101,6 @@ def test_presets_hold_the_paper_settings():
     assert set(PRESETS) == set(TREE_VARIANTS) | {"cbow"}
     assert 61 <= PRESETS["pi"].model.d_tracker <= 79 and 61 <= PRESETS["spinn"].model.d_tracker <= 79
     assert PRESETS["spinn"].model.transition_loss_weight == 3.9 and PRESETS["rl"].model.transition_loss_weight == 0
-    assert TINY.d_hidden < 10
 
 
 def test_config_round_trip_and_validation():
@@ -128,14 +125,14 @@ def test_config_round_trip_and_validation():
 
 def test_embedding_matrix_shape_is_checked():
     with pytest.raises(SpinnError, match="embedding matrix"):
-        SPINN(TINY, torch.zeros(10, TINY.d_embed + 1))
+        SPINN(CONFIG, torch.zeros(10, CONFIG.d_embed + 1))
 
 
 def test_evaluation_folds_batch_norm_into_the_word_projection():
     """In eval mode the word projection and its batch norm are one GEMM: the same (W, 2D) as normalizing the
     projection with the running statistics, which training moved away from 0 and 1."""
     torch.manual_seed(0)
-    model = SPINN(SMALL, random_vectors(30, SMALL.d_embed)).double()
+    model = SPINN(CONFIG, random_vectors(30, CONFIG.d_embed)).double()
     embedding = model.embedding
     tokens = torch.randint(0, 30, (40,))
     for _ in range(3):  # training moves the running statistics and the affine parameters off their start
@@ -158,7 +155,7 @@ def test_evaluation_folds_batch_norm_into_the_word_projection():
 
 def test_only_spinn_predicts_transitions():
     examples, vocab_size = tiny_examples()
-    model = build(TINY.replace(variant="pi"), vocab_size)
+    model = build(CONFIG.replace(variant="pi"), vocab_size)
     with pytest.raises(SpinnError, match="cannot run on greedy transitions"):
         model(make_batch(examples), source=TransitionSource.GREEDY)
 
@@ -178,7 +175,7 @@ def encode_alone(model: SPINN, examples: list[Example]) -> tuple[torch.Tensor, t
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, FLOAT32_TOLERANCE), (torch.float64, FLOAT64_TOLERANCE)])
 def test_batch_equals_examples_one_by_one(snli, mixed, variant, dtype, tolerance):
-    model = build(SMALL.replace(variant=variant), len(snli[2]), dtype)
+    model = build(CONFIG.replace(variant=variant), len(snli[2]), dtype)
     batch = make_batch(mixed)
     assert len(set(batch.lengths.tolist())) > 8, "the batch should mix many sentence lengths"
     with torch.no_grad():
@@ -192,7 +189,7 @@ def test_batch_equals_examples_one_by_one(snli, mixed, variant, dtype, tolerance
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_padding_to_a_bucket_width_changes_nothing(snli, mixed, variant):
     """Extra word slots and steps (shape buckets for CUDA graphs) compute unused rows: outputs and gradients stay."""
-    model = build(SPINNConfig(**{**SMALL.to_dict(), "variant": variant}), len(snli[2]), torch.float64).train()
+    model = build(SPINNConfig(**{**CONFIG.to_dict(), "variant": variant}), len(snli[2]), torch.float64).train()
     exact, padded = make_batch(mixed), make_batch(mixed, width_step=16)
     assert padded.tokens.shape[1] > exact.tokens.shape[1]
     draws = {"uniforms": torch.rand(*padded.transitions.shape, dtype=torch.float64)} if variant == "rl" else {}
@@ -228,7 +225,7 @@ def recursive_encode(model: SPINN, tree: Tree, ids: dict[str, int]) -> torch.Ten
 
 def test_pi_nt_matches_a_simple_tree_recursion(snli):
     pairs, examples, vocabulary = snli
-    config = SPINNConfig(variant="pi-nt", d_embed=12, d_hidden=16, d_tracker=0, mlp_dim=24)
+    config = CONFIG.replace(variant="pi-nt", d_tracker=0, use_batch_norm=False)
     model = build(config, len(vocabulary), torch.float64)
     chosen = list(range(0, 400, 20))
     with torch.no_grad():
@@ -246,7 +243,7 @@ def test_pi_nt_matches_a_simple_tree_recursion(snli):
 
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_seed_article_reference_gives_the_same_outputs_and_gradients(snli, mixed, variant):
-    config = SMALL.replace(variant=variant, use_batch_norm=False)
+    config = CONFIG.replace(variant=variant, use_batch_norm=False)
     model = build(config, len(snli[2]), torch.float64)
     reference = ReferenceSPINN(model)
     batch = make_batch(mixed)
@@ -268,7 +265,7 @@ def test_inference_path_equals_the_autograd_path():
     """The CPU inference loop computes only the rows that are read (thin_stack_infer), without autograd:
     the numbers change only by float64 rounding of other GEMM shapes."""
     examples, vocab_size = tiny_examples()
-    model = build(SMALL, vocab_size, torch.float64)
+    model = build(CONFIG, vocab_size, torch.float64)
     batch = make_batch(examples)
     with torch.inference_mode():
         inferred = model(batch, source=GOLD, loop=EncoderLoop.CPU_INFERENCE)
@@ -289,7 +286,7 @@ def test_a_plan_refuses_transitions_that_are_not_a_tree():
 def test_reference_runs_on_gold_transitions_only():
     examples, vocab_size = tiny_examples()
     with pytest.raises(SpinnError, match="gold transitions only"):
-        ReferenceSPINN(build(TINY, vocab_size))(make_batch(examples), source=TransitionSource.GREEDY)
+        ReferenceSPINN(build(CONFIG, vocab_size))(make_batch(examples), source=TransitionSource.GREEDY)
 
 
 # ----------------------------------------------------------------------------- gradients and training
@@ -298,7 +295,7 @@ def test_reference_runs_on_gold_transitions_only():
 @pytest.mark.parametrize("variant", TREE_VARIANTS)
 def test_every_trainable_parameter_gets_a_gradient(variant):
     examples, vocab_size = tiny_examples()
-    config = SMALL.replace(variant=variant, embed_dropout=0.1, mlp_dropout=0.1)
+    config = CONFIG.replace(variant=variant, embed_dropout=0.1, mlp_dropout=0.1)
     model = build(config, vocab_size).train()
     batch = make_batch(examples)
     spinn_loss(model(batch, source=config.training_source), batch, config).total.backward()
@@ -313,7 +310,7 @@ def test_gradcheck_float64(variant):
     examples, vocab_size = tiny_examples()
     # rl: the REINFORCE surrogate holds the reward fixed (detached), so finite differences of it are not its
     # gradient; its own test checks it (tests/test_policy.py). Here: the sampled trees' exact gradients.
-    # Smaller than helpers' TINY (TINY_ENCODER here): gradcheck runs two forwards for every parameter element.
+    # Smaller than helpers' TINY: gradcheck runs two forwards for every parameter element.
     config = SPINNConfig(
         variant=variant,
         d_embed=3,
@@ -353,9 +350,9 @@ def test_gradcheck_float64(variant):
 def test_repeated_backward_through_one_graph():
     """The thin stack keeps its gradient in a shared buffer; a second pass must not see the first."""
     examples, vocab_size = tiny_examples()
-    model = build(TINY, vocab_size, torch.float64)
+    model = build(CONFIG, vocab_size, torch.float64)
     batch = make_batch(examples)
-    loss = spinn_loss(model(batch, source=GOLD), batch, TINY).total
+    loss = spinn_loss(model(batch, source=GOLD), batch, CONFIG).total
     weight = model.encoder.reduce.compose.weight
     (first,) = torch.autograd.grad(loss, [weight], retain_graph=True)
     (second,) = torch.autograd.grad(loss, [weight])
@@ -383,11 +380,11 @@ def test_overfits_sixteen_real_pairs(snli):
 
 def test_frozen_embeddings_stay_put_under_training():
     examples, vocab_size = tiny_examples()
-    model = build(TINY, vocab_size).train()
+    model = build(CONFIG, vocab_size).train()
     before = model.embedding.vectors.weight.clone()
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     batch = make_batch(examples)
-    spinn_loss(model(batch, source=GOLD), batch, TINY).total.backward()
+    spinn_loss(model(batch, source=GOLD), batch, CONFIG).total.backward()
     optimizer.step()
     assert torch.equal(model.embedding.vectors.weight, before)
 
@@ -397,10 +394,10 @@ def test_frozen_embeddings_stay_put_under_training():
 
 def test_transition_loss_is_weighted_and_ignores_padding():
     examples, vocab_size = tiny_examples()
-    model = build(TINY, vocab_size)
+    model = build(CONFIG, vocab_size)
     batch = make_batch(examples)
     output = model(batch, source=GOLD)
-    loss = spinn_loss(output, batch, TINY)
+    loss = spinn_loss(output, batch, CONFIG)
     assert loss.total.item() == pytest.approx(loss.classification.item() + 3.9 * loss.transition.item())
     padding = batch.transitions == PAD_TRANSITION
     assert (output.transition_logits[padding] == 0).all()
@@ -411,7 +408,7 @@ def test_transition_loss_is_weighted_and_ignores_padding():
 
 def test_illegal_actions_are_masked_where_they_are_illegal():
     examples, vocab_size = tiny_examples()
-    model = build(TINY, vocab_size)
+    model = build(CONFIG, vocab_size)
     batch = make_batch(examples)
     logits = model(batch, source=GOLD).transition_logits
     for row in range(batch.tokens.shape[0]):
@@ -425,8 +422,8 @@ def test_illegal_actions_are_masked_where_they_are_illegal():
 
 
 def test_spinn_on_gold_transitions_encodes_like_pi(snli, mixed):
-    pi = build(SMALL.replace(variant="pi"), len(snli[2]), torch.float64)
-    spinn = build(SMALL, len(snli[2]), torch.float64)
+    pi = build(CONFIG.replace(variant="pi"), len(snli[2]), torch.float64)
+    spinn = build(CONFIG, len(snli[2]), torch.float64)
     missing, unexpected = spinn.load_state_dict(pi.state_dict(), strict=False)
     assert not unexpected and all(name.startswith("encoder.tracker.transition.") for name in missing)
     batch = make_batch(mixed)
@@ -436,7 +433,7 @@ def test_spinn_on_gold_transitions_encodes_like_pi(snli, mixed):
 
 def test_predicted_transitions_fed_back_as_gold_give_the_same_encoding(snli, mixed):
     """The device-side stacks of the model's own choices address the memory as the host plan does."""
-    model = build(SMALL, len(snli[2]), torch.float64)
+    model = build(CONFIG, len(snli[2]), torch.float64)
     batch = make_batch(mixed)
     with torch.no_grad():
         predicted = model(batch, source=TransitionSource.GREEDY)
@@ -451,7 +448,7 @@ def test_predicted_transitions_fed_back_as_gold_give_the_same_encoding(snli, mix
 def test_predicted_transitions_are_always_legal(snli, bias):
     """Random weights, pushed towards SHIFT or REDUCE: every row still builds one tree over all its words."""
     _, examples, vocabulary = snli
-    model = build(SMALL, len(vocabulary), seed=3)
+    model = build(CONFIG, len(vocabulary), seed=3)
     with torch.no_grad():
         model.encoder.tracker.transition.bias.copy_(torch.tensor([0.0, bias]))
         batch = make_batch(examples[:64])
@@ -473,7 +470,7 @@ def test_predicted_transitions_are_always_legal(snli, bias):
 
 def test_bf16_autocast_keeps_fp32_cell_state():
     examples, vocab_size = tiny_examples()
-    model = build(SMALL, vocab_size)
+    model = build(CONFIG, vocab_size)
     batch = make_batch(examples)
     with torch.no_grad():
         exact = model(batch, source=GOLD)
@@ -485,11 +482,11 @@ def test_bf16_autocast_keeps_fp32_cell_state():
 
 def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="cbow", **TINY_ENCODER), random_vectors(50, TINY_ENCODER["d_embed"])).eval()
+    model = SPINN(SPINNConfig(variant="cbow", **TINY), random_vectors(50, TINY["d_embed"])).eval()
     tokens = torch.tensor([[3, 4, 5], [6, 0, 0]])
     lengths = torch.tensor([3, 1])
     encoding = model.encode(tokens, lengths, GOLD)
-    projected = model.embedding(torch.tensor([3, 4, 5, 6]))[:, :6]
+    projected = model.embedding(torch.tensor([3, 4, 5, 6]))[:, : TINY["d_hidden"]]  # the h half
     assert torch.allclose(encoding.vectors[0], projected[:3].mean(0), atol=1e-6)
     assert torch.allclose(encoding.vectors[1], projected[3], atol=1e-6)
     assert encoding.transition_logits is None
@@ -497,7 +494,7 @@ def test_cbow_is_the_mean_of_projected_word_vectors(snli, mixed):
 
 def test_cbow_trains_every_parameter():
     torch.manual_seed(0)
-    model = SPINN(SPINNConfig(variant="cbow", **TINY_ENCODER), random_vectors(50, TINY_ENCODER["d_embed"]))
+    model = SPINN(SPINNConfig(variant="cbow", **TINY), random_vectors(50, TINY["d_embed"]))
     batch = make_batch([Example((3, 4), (0, 0, 1), (5,), (0,), 1), Example((6,), (0,), (7, 8), (0, 0, 1), 2)])
     spinn_loss(model(batch, source=GOLD), batch, model.config).total.backward()
     for name, parameter in model.named_parameters():
@@ -513,8 +510,8 @@ def test_training_steps_leave_no_graph_behind():
     from spinn.model.thin_stack_forward import _Loop as _Memory
 
     torch.manual_seed(0)
-    config = SPINNConfig(variant="spinn", **{**TINY_ENCODER, "use_batch_norm": False})  # one pair: batch norm needs two
-    model = SPINN(config, random_vectors(50, TINY_ENCODER["d_embed"]))
+    config = SPINNConfig(variant="spinn", **{**TINY, "use_batch_norm": False})  # one pair: batch norm needs two
+    model = SPINN(config, random_vectors(50, TINY["d_embed"]))
     batch = make_batch([Example((3, 4, 5), (0, 0, 1, 0, 1), (6, 7), (0, 0, 1), 1)])
     gc.collect()
     before = sum(type(item) is _Memory for item in gc.get_objects())

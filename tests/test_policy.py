@@ -21,6 +21,7 @@ from spinn.trees.transitions import (
     left_branching,
     right_branching,
 )
+from tests.helpers import TINY
 
 VOCAB = 30
 NO_NORM = {"use_batch_norm": False, "embed_dropout": 0.0, "mlp_dropout": 0.0}
@@ -31,10 +32,13 @@ SAMPLED = TransitionSource.SAMPLED
 
 def rl_model(seed: int, **settings) -> SPINN:
     torch.manual_seed(seed)
-    config = SPINNConfig(
-        variant="rl", d_embed=6, d_hidden=5, d_tracker=4, mlp_dim=7, transition_loss_weight=0.0, **settings
-    )
-    return SPINN(config, random_vectors(VOCAB, 6, seed)).double().train()
+    config = rl_config(transition_loss_weight=0.0, **settings)
+    return SPINN(config, random_vectors(VOCAB, config.d_embed, seed)).double().train()
+
+
+def rl_config(**settings) -> SPINNConfig:
+    """The tiny model as rl, batch norm off."""
+    return SPINNConfig(**{**TINY, "variant": "rl", "use_batch_norm": False, **settings})
 
 
 def example(rng: np.random.Generator, premise: int, hypothesis: int) -> Example:
@@ -149,16 +153,8 @@ def test_rl_loss_adds_entropy_value_and_supervision_terms():
     batch = make_batch([example(rng, 4, 3), example(rng, 2, 5)])
     for baseline, supervised in (("moving_average", 0.0), ("value", 0.5)):
         torch.manual_seed(0)
-        config = SPINNConfig(
-            variant="rl",
-            d_embed=6,
-            d_hidden=5,
-            d_tracker=4,
-            mlp_dim=7,
-            baseline=baseline,
-            transition_loss_weight=supervised,
-        )
-        model = SPINN(config, random_vectors(VOCAB, 6, 0)).double().train()
+        config = rl_config(baseline=baseline, transition_loss_weight=supervised)
+        model = SPINN(config, random_vectors(VOCAB, config.d_embed, 0)).double().train()
         loss = spinn_loss(model(batch, source=SAMPLED), batch, config)
         assert (loss.policy.value_loss is not None) == (baseline == "value")
         assert (loss.transition is not None) == (supervised > 0)
@@ -175,8 +171,8 @@ def test_transition_supervision_of_sampled_trees_stays_finite():
     rng = np.random.default_rng(5)
     batch = make_batch([example(rng, 9, 7), example(rng, 8, 10), example(rng, 12, 6)])
     torch.manual_seed(0)
-    config = SPINNConfig(variant="rl", d_embed=6, d_hidden=5, d_tracker=4, mlp_dim=7, transition_loss_weight=1.0)
-    model = SPINN(config, random_vectors(VOCAB, 6, 0)).double().train()
+    config = rl_config(transition_loss_weight=1.0)
+    model = SPINN(config, random_vectors(VOCAB, config.d_embed, 0)).double().train()
     illegal_gold = 0
     for seed in range(4):
         torch.manual_seed(seed)

@@ -69,6 +69,3 @@ PRESETS: dict[Variant, Preset] = {
     "cbow": Preset(_PI_NT.replace(variant="cbow"), learning_rate=5e-3, weight_decay=4e-6),
 }
 """Every variant's paper preset; a training run's unset fields take its variant's (TrainConfig)."""
-
-TINY = SPINNConfig(variant="spinn", d_embed=8, d_hidden=6, d_tracker=5, mlp_layers=1, mlp_dim=10)
-"""A model of a few hundred weights, for checks that need one quickly."""
