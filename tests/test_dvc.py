@@ -304,22 +304,24 @@ def test_touching_any_module_the_train_stage_imports_marks_it_changed(project: P
     assert UP_TO_DATE in output_of(run([DVC, "status"], repo, env))
 
 
-def test_changing_a_train_param_reruns_only_train_and_evaluate(project: Project):
+def test_changing_a_train_param_marks_only_train_changed_and_params_diff_names_it(project: Project):
+    """What the rerun then runs (train and evaluate only) is checked after the killed repro below, whose rerun
+    follows a params change too."""
     repo, env = project.repo, project.env
+    original = (repo / PARAMS).read_text(encoding="utf-8")
     steps = read_json(repo / TRAIN_METRICS)["steps"] + STEP_INCREASE
     set_train_params(repo, max_steps=steps)
-    status = json.loads(run([DVC, "status", "--json"], repo, env).stdout)
+    try:
+        status = json.loads(run([DVC, "status", "--json"], repo, env).stdout)
+        diff = json.loads(run([DVC, "params", "diff", "--json"], repo, env).stdout)
+    finally:
+        (repo / PARAMS).write_text(original, encoding="utf-8")
     assert set(status) == {"train"}, status
-    diff = json.loads(run([DVC, "params", "diff", "--json"], repo, env).stdout)
     assert set(diff[PARAMS]) == {"train.max_steps"}, diff
     assert (diff[PARAMS]["train.max_steps"]["old"], diff[PARAMS]["train.max_steps"]["new"]) == (
         steps - STEP_INCREASE,
         steps,
     ), diff
-    rerun = run([DVC, "repro"], repo, env)
-    assert stages_run(rerun) == ["train", "evaluate"], output_of(rerun)
-    assert read_json(repo / TRAIN_METRICS)["steps"] == steps
-    assert UP_TO_DATE in output_of(run([DVC, "status"], repo, env))
 
 
 def test_push_then_pull_into_a_fresh_clone_restores_the_model(project: Project):
@@ -359,8 +361,8 @@ def train_stage(dvc: int) -> int | None:
 
 def test_a_repro_killed_in_its_train_stage_leaves_no_orphan_and_its_rerun_one_runs_files(project: Project):
     """SIGKILL `dvc repro` while train runs, then run `dvc repro` again (with a short budget): the orphaned
-    stage stops and ends its MLflow run; the rerun trains alone, into a data/models holding one run's
-    checkpoints."""
+    stage stops and ends its MLflow run; the rerun, after a params change, runs only train and evaluate and
+    trains alone, into a data/models holding one run's checkpoints."""
     repo, env = project.repo, project.env
     set_train_params(repo, max_steps=ORPHAN_STEPS, max_epochs=ORPHAN_STEPS, eval_every=ORPHAN_STEPS, checkpoint_every=2)
     # the module's earlier repros left a last.pt, which DVC deletes as the stage starts: only a new one says
@@ -382,7 +384,9 @@ def test_a_repro_killed_in_its_train_stage_leaves_no_orphan_and_its_rerun_one_ru
     assert not (repo / "data/models/.spinn.lock").exists(), "the lock lives beside data/models, not in it"
     set_train_params(repo, max_steps=RERUN_STEPS, eval_every=RERUN_STEPS)
     rerun = run([DVC, "repro"], repo, env)
-    assert "train" in stages_run(rerun), output_of(rerun)
+    assert stages_run(rerun) == ["train", "evaluate"], output_of(rerun)  # what a params change reruns
+    assert read_json(repo / TRAIN_METRICS)["steps"] == RERUN_STEPS
+    assert UP_TO_DATE in output_of(run([DVC, "status"], repo, env))
     best, last = (load_checkpoint(repo / "data/models" / name) for name in ("best.pt", "last.pt"))
     assert best.run_id == last.run_id and last.step == RERUN_STEPS
     assert spinn_processes(os.getpid()) == []

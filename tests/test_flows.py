@@ -59,6 +59,8 @@ CACHED = "Cached"
 VENV_BIN = Path(sys.executable).parent
 CLI_TIMEOUT_S = 120
 WORKER_TIMEOUT_S = 300
+LATER_RUNS = ("evaluate-spinn/champion", "label-pairs/inbox")
+"""README's runs after training: they score and label with the champion it registered."""
 
 
 @pytest.fixture(scope="module")
@@ -317,65 +319,6 @@ def test_a_flow_run_with_bad_parameters_fails_before_any_work(tmp_path, prefect_
     assert not (tmp_path / "data").exists()
 
 
-def cli(arguments: list[str], cwd: Path, env: dict[str, str], timeout: float = CLI_TIMEOUT_S) -> str:
-    done = subprocess.run(arguments, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    assert done.returncode == 0, f"{' '.join(arguments)} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-def test_a_deployment_from_prefect_yaml_runs_on_a_process_worker(project, first_run, tmp_path, prefect_api):
-    """prefect.yaml as shipped: create the pool, deploy, trigger train-spinn and evaluate-spinn through the API
-    with typed parameters, let a worker run them (the training run's stages hit the first run's cache)."""
-    from prefect.client.orchestration import get_client
-    from prefect.deployments import run_deployment
-
-    checkout = copy_checkout(tmp_path / "checkout")
-    env = {
-        **os.environ,
-        "PREFECT_API_URL": prefect_api,
-        "PATH": f"{VENV_BIN}{os.pathsep}{os.environ['PATH']}",
-        "MLFLOW_TRACKING_URI": os.environ["MLFLOW_TRACKING_URI"],
-        **thread_rule_env(tmp_path / "threads.jsonl"),
-    }
-    cli(["prefect", "work-pool", "create", "spinn", "--type", "process"], checkout, env)
-    cli(["prefect", "--no-prompt", "deploy", "--all"], checkout, env)
-    with get_client(sync_client=True) as client:
-        deployment = client.read_deployment_by_name("evaluate-spinn/champion")
-        labelling = client.read_deployment_by_name("label-pairs/inbox")
-    assert deployment.pull_steps == [
-        {"prefect.deployments.steps.set_working_directory": {"directory": str(checkout.resolve())}}
-    ]
-    assert [schedule.schedule.cron for schedule in labelling.schedules] == ["*/15 * * * *"]
-    assert [schedule.active for schedule in labelling.schedules] == [False]  # README says how to turn it on
-
-    training_run = run_deployment(
-        "train-spinn/snli",
-        parameters={
-            "corpus": project["corpus"].model_dump(mode="json", exclude_none=True),
-            "training": {"params": None, "settings": nest(SMALL_TRAINING.items()), "register_model": False},
-        },
-        timeout=0,
-    )
-    output = tmp_path / "deployed" / "test.json"
-    evaluation = {
-        "model": "models:/flow-test@champion",
-        "settings": {"device": "cpu"},
-        "output": str(output),
-        "data": str(project["root"] / "data" / "prepared" / "test.parquet"),
-    }
-    flow_run = run_deployment("evaluate-spinn/champion", parameters={"evaluation": evaluation}, timeout=0)
-    # one worker pass takes both scheduled runs (the champion is the first run's: neither waits on the other)
-    cli(["prefect", "worker", "start", "--pool", "spinn", "--run-once"], checkout, env, timeout=WORKER_TIMEOUT_S)
-    with get_client(sync_client=True) as client:
-        trained, finished = client.read_flow_run(training_run.id), client.read_flow_run(flow_run.id)
-    assert trained.state.is_completed(), trained.state.message
-    assert trained.parameters["training"]["settings"]["model"]["variant"] == "spinn"
-    assert finished.state.is_completed(), finished.state.message
-    assert json.loads(output.read_text())["accuracy"] == pytest.approx(first_run.result().test_metrics["accuracy"])
-    (decision,) = thread_decisions(tmp_path / "threads.jsonl", "evaluate")  # the flow run's evaluate task
-    assert_the_thread_rule_ran(decision)
-
-
 def readme_lines(heading: str, marker: str) -> list[str]:
     """The lines of README's first ```bash block under `heading` that contains `marker`."""
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
@@ -390,23 +333,30 @@ def shell(line: str, cwd: Path, env: dict[str, str], timeout: float = CLI_TIMEOU
     return done.stdout + done.stderr
 
 
-def run_by_name(line: str, checkout: Path, env: dict[str, str]):
-    """README's `prefect deployment run NAME` line as written, then one worker pass; the finished flow run."""
+def triggered(line: str, checkout: Path, env: dict[str, str]) -> UUID:
+    """README's `prefect deployment run NAME` line as written; the flow run it scheduled."""
+    return UUID(re.search(r"UUID: ([0-9a-f-]{36})", shell(line, checkout, env)).group(1))
+
+
+def worker_pass(checkout: Path, env: dict[str, str], *flow_run_ids: UUID) -> list:
+    """One process worker pass (it takes every scheduled run); the finished flow runs."""
     from prefect.client.orchestration import get_client
 
-    flow_run_id = re.search(r"UUID: ([0-9a-f-]{36})", shell(line, checkout, env)).group(1)
     shell(".venv/bin/prefect worker start --pool spinn --run-once", checkout, env, timeout=WORKER_TIMEOUT_S)
     with get_client(sync_client=True) as client:
-        return client.read_flow_run(UUID(flow_run_id))
+        return [client.read_flow_run(flow_run_id) for flow_run_id in flow_run_ids]
 
 
 @pytest.mark.stanza
 def test_readme_deployments_run_offline_by_name_on_their_defaults(
     project, first_run, tmp_path, prefect_api, migrated_store
 ):
-    """README's Prefect section line by line, offline: the worker's environment names the corpus copy and the
-    Stanza folder, params.yaml (shrunk here) everything else; train-spinn/snli ends Completed and registers
-    models:/spinn@champion, and label-pairs/inbox labels the good file with it and ends Failed on the bad one."""
+    """README's Prefect section line by line, offline, on a process worker: the worker's environment names the
+    corpus copy and the Stanza folder, params.yaml (shrunk here) everything else; prefect.yaml deploys with its
+    working directory and the inbox schedule paused; train-spinn/snli with typed parameters ends Completed and
+    registers models:/spinn@champion; in one worker pass, evaluate-spinn/champion scores that champion as its
+    training did (its threads by the rule) and label-pairs/inbox labels the good file with it and ends Failed
+    on the bad one; the schedule then turns on."""
     import mlflow
     import pyarrow.parquet as pq
     import yaml
@@ -425,7 +375,7 @@ def test_readme_deployments_run_offline_by_name_on_their_defaults(
     }
     env = {key: value for key, value in os.environ.items() if not key.startswith("SPINN_")}
     env.update(PREFECT_API_URL=prefect_api, MLFLOW_TRACKING_URI=copy_store(migrated_store, tmp_path / "mlflow.db"))
-    env.update(exported)
+    env.update(exported, **thread_rule_env(trace := tmp_path / "threads.jsonl"))
     worker_lines = readme_lines("## Run it as Prefect deployments", "worker start")
     assert worker_lines[0] == "export PREFECT_API_URL=http://127.0.0.1:4200/api"
     assert set(re.findall(r"(SPINN_\w+)=", worker_lines[1])) <= set(exported)
@@ -436,9 +386,21 @@ def test_readme_deployments_run_offline_by_name_on_their_defaults(
     lines = readme_lines("## Run it as Prefect deployments", "deploy --all")
     assert lines[0] == worker_lines[0]
     shell(lines[1], checkout, env)
+    with get_client(sync_client=True) as client:
+        evaluation = client.read_deployment_by_name("evaluate-spinn/champion")
+        labelling = client.read_deployment_by_name("label-pairs/inbox")
+    assert evaluation.pull_steps == [
+        {"prefect.deployments.steps.set_working_directory": {"directory": str(checkout.resolve())}}
+    ]
+    assert [schedule.schedule.cron for schedule in labelling.schedules] == ["*/15 * * * *"]
+    assert [schedule.active for schedule in labelling.schedules] == [False]  # README says how to turn it on
 
-    trained = run_by_name(lines[2], checkout, env)
+    # the line with typed parameters: JSON on the command line, validated into the flow's request
+    (trained,) = worker_pass(
+        checkout, env, triggered(next(line for line in lines if " -p training=" in line), checkout, env)
+    )
     assert trained.state.is_completed(), trained.state.message
+    assert trained.parameters["training"]["settings"] == {"model": {"variant": "spinn"}, "batch_size": 256}
     mlflow.set_tracking_uri(env["MLFLOW_TRACKING_URI"])
     champion = mlflow.MlflowClient().get_model_version_by_alias("spinn", "champion")
     assert (checkout / "data" / "prepared" / "train.parquet").is_file()
@@ -448,7 +410,18 @@ def test_readme_deployments_run_offline_by_name_on_their_defaults(
     rows = pq.read_table(project["root"] / "data" / "prepared" / "test.parquet").to_pylist()[:12]
     write_rows(inbox / "good.csv", [{"premise": row["premise"], "hypothesis": row["hypothesis"]} for row in rows])
     (inbox / "bad.jsonl").write_text(json.dumps({"text": rows[0]["premise"]}) + "\n", encoding="utf-8")
-    labelled = run_by_name(next(line for line in lines if "'label-pairs/inbox'" in line), checkout, env)
+    evaluated, labelled = worker_pass(  # one pass takes both: neither waits on the other
+        checkout,
+        env,
+        *(triggered(next(line for line in lines if f"'{name}'" in line), checkout, env) for name in LATER_RUNS),
+    )
+    assert evaluated.state.is_completed(), evaluated.state.message
+    (metrics,) = (checkout / "data" / "evaluations").glob("*/metrics.json")
+    assert json.loads(metrics.read_text())["accuracy"] == pytest.approx(float(champion.tags["test_accuracy"]))
+    decisions = thread_decisions(trace, "evaluate")  # train-spinn's evaluate task, then evaluate-spinn's
+    assert len(decisions) == len(["train-spinn", "evaluate-spinn"]), decisions
+    for decision in decisions:
+        assert_the_thread_rule_ran(decision)
     assert labelled.state.is_failed() and "bad.jsonl" in labelled.state.message, labelled.state.message
     predictions = pq.read_table(checkout / "data" / "labelled" / "good.csv.labels.parquet").to_pylist()
     assert len(predictions) == len(rows) and {row["model"] for row in predictions} == {
