@@ -15,7 +15,6 @@ import importlib
 import inspect
 import os
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +29,7 @@ from tests.helpers import (
     SPINN_COMMAND,
     TINY_MODEL,
     copy_store,
+    descendants,
     kill_if_running,
     run_statuses,
     running,
@@ -115,35 +115,40 @@ WATCHED_STOP_S = 20
 """The parent poll (0.5 s) and a Python start, on two busy cores."""
 
 
-def shell_between(shell: str, levels: int) -> list[str]:
-    """The watched command under `levels` shells that stay (`; exit $?` keeps any shell from exec'ing its last
-    command, as dash never does: `dvc repro` runs its stages with `/bin/sh -c` where $SHELL is unset)."""
-    line = shlex.join([sys.executable, "-c", WATCHED])
+def go_betweens(kind: str, levels: int) -> list[str]:
+    """The watched command under `levels` go-betweens that stay: shells (`; exit $?` keeps any shell from exec'ing
+    its last command, as dash never does: `dvc repro` runs its stages with `/bin/sh -c` where $SHELL is unset)
+    or `timeout`."""
+    command = [sys.executable, "-c", WATCHED]
     for _ in range(levels):
-        line = shlex.join([shell, "-c", f"{line}; exit $?"])
-    return shlex.split(line)
+        line = shlex.join(command)
+        command = ["timeout", "600", *command] if kind == "timeout" else [kind, "-c", f"{line}; exit $?"]
+    return command
 
 
 @pytest.mark.parametrize(
-    "stage", [["direct", 0], ["sh", 1], ["sh", 2], ["bash", 1]], ids=["parent", "sh", "sh-in-sh", "bash"]
+    "stage",
+    [["direct", 0], ["sh", 1], ["sh", 2], ["bash", 1], ["timeout", 1]],
+    ids=["parent", "sh", "sh-in-sh", "bash", "timeout"],
 )
-def test_a_command_outlives_no_starter_whatever_shells_stand_between(stage, tmp_path):
-    """Kill the starter of a command run directly or through shells that stay: the command stops, naming the
-    process it outlived; while the starter lives, it runs on."""
-    shell, levels = stage
-    command = shell_between(shell, levels)
+def test_a_command_outlives_no_starter_whatever_stands_between(stage, tmp_path):
+    """Kill the starter of a command run directly or through go-betweens that stay: the command stops, naming
+    the process it outlived; while the starter lives, it runs on."""
+    command = go_betweens(*stage)
     output = tmp_path / "out.log"
     with output.open("w") as log:
-        starter = subprocess.Popen([sys.executable, "-c", STARTER, *command], stdout=log, start_new_session=True)
+        starter = subprocess.Popen([sys.executable, "-c", STARTER, *command], stdout=log)
+    below = []
     try:
         wait_for(lambda: "armed" in output.read_text(), WATCHED_STOP_S, "the watched command to arm")
+        below = descendants(starter.pid)  # the go-betweens and the command, to end if the test fails
         time.sleep(3 * children.PARENT_POLL_S)
         assert output.read_text().split() == ["armed"], "it stopped while its starter ran"
         starter.kill()
         starter.wait()
         wait_for(lambda: "stopped" in output.read_text(), WATCHED_STOP_S, "the orphaned command to stop")
     finally:
-        os.killpg(starter.pid, signal.SIGKILL)
+        kill_if_running([starter.pid, *below])
     assert output.read_text().split() == ["armed", "stopped", str(starter.pid)]
 
 

@@ -23,10 +23,10 @@ files. A command that does not stop within ORPHAN_GRACE_S is ended outright.
 The starter is not always the parent: `dvc repro` (on a machine without
 $SHELL, as under CI or cron) runs a stage as `/bin/sh -c "spinn train ..."`,
 and dash does not exec its last command, so the shell stays between the two
-and outlives the killed `dvc repro`. A command therefore watches its parent
-and, while that is a shell, the shell's parent, up to the first ancestor that
-is not one (`lineage`): any of them gone, or moved to a new parent, and the
-command stops.
+and outlives the killed `dvc repro`; so do wrappers that wait for the command
+they run (`timeout`, `flock`, `uv run`). A command therefore watches its parent
+and, while that is such a go-between, its parent in turn, up to the first
+ancestor that is not one (`lineage`): any of them gone, and the command stops.
 """
 
 from __future__ import annotations
@@ -49,8 +49,11 @@ UNSEEN = -1
 """The parent `_parent_of` gives a process that has ended (or that /proc cannot show)."""
 ZOMBIE = "Z"
 """/proc's state of a process that has ended and waits for its parent to collect it."""
-SHELLS = frozenset({"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish", "busybox"})
-"""Programs that run a command line for whoever started them: a command's real starter is above them."""
+GO_BETWEENS = frozenset(
+    {"sh", "dash", "bash", "zsh", "ksh", "mksh", "fish", "busybox"} | {"timeout", "time", "flock", "uv", "conda"}
+)
+"""Programs that run a command for whoever started them and wait for it (shells, and wrappers that do not exec
+it): a command's real starter is above them."""
 
 _armed: list[int] = []
 """The processes this one watches (`lineage`), once armed (a command runs in-process many times in tests)."""
@@ -91,16 +94,16 @@ def stop_when_orphaned() -> None:
 
 
 def orphaned() -> int | None:
-    """The pid of the starter (or the shell between) this process outlived, or None while it runs (or
+    """The pid of the starter (or the go-between) this process outlived, or None while it runs (or
     nobody watches)."""
     return _outlived[0] if _outlived else None
 
 
 def lineage() -> list[int]:
-    """The processes this one outlives: its parent and, while that is a shell, the shell's parent, up to the
+    """The processes this one outlives: its parent and, while that is a go-between, its parent in turn, up to the
     first that is not one (or a child of init). Only the parent where /proc cannot tell (not Linux)."""
     chain = [os.getppid()]
-    while _name_of(chain[-1]) in SHELLS and (above := _parent_of(chain[-1])) > INIT_PID:
+    while _name_of(chain[-1]) in GO_BETWEENS and (above := _parent_of(chain[-1])) > INIT_PID:
         chain.append(above)
     return chain
 
