@@ -273,8 +273,8 @@ def label_pairs(request: LabelRequest | None = None) -> dict[str, dict[str, Any]
     request.outbox.mkdir(parents=True, exist_ok=True)
     index = read_index(request.outbox)
     max_rejected = request.label_settings().max_rejected
-    refused = refused_files(request.inbox, index, max_rejected)
-    pending = pending_files(request.inbox, index, request.settle_seconds, max_rejected)
+    waiting, refused = inbox_state(request.inbox, index, max_rejected)
+    pending = settled(waiting, request.settle_seconds)
     entries = _label_pending(pending, request, index) if pending else {}
     described = f"{len(entries)} inbox files labelled or retried, {len(refused)} still refused"
     still = {name: _still_refused(entry) for name, entry in refused.items()}
@@ -314,6 +314,7 @@ def _label_one(path: Path, request: LabelRequest, address: str) -> dict[str, Any
     entry = {"sha256": None, "started_at": _now()}
     start = time.perf_counter()
     try:
+        entry["stat"] = _stat_key(path)  # before the digest: a file changed while it is read is read again
         entry["sha256"] = file_digest(path, "sha256")
         entry.update(status=DONE, **_label_subflow(path, request, address))
     except TooManyRejected as error:  # its content's fault: refused until the file or the threshold changes
@@ -331,24 +332,22 @@ def _label_subflow(path: Path, request: LabelRequest, address: str) -> dict[str,
     return label_file.with_options(task_runner=runner, flow_run_name=f"label-{path.name}")(path, request)
 
 
-def pending_files(
-    inbox: Path, index: dict[str, dict], settle_seconds: float = 0.0, max_rejected: float = FLOW_MAX_REJECTED
-) -> list[Path]:
-    """Input files not yet done with this content (new, changed, or failed last time), by name, less those
-    refused for this content under this `max_rejected`. Dot-files (editors' and uploaders' temporaries) are
-    never taken, nor files still being written (`settled`)."""
-    files = _inbox_files(inbox)
-    waiting = [path for path in files if not _done(index.get(path.name), path)]
-    return settled([path for path in waiting if not _refused(index.get(path.name), path, max_rejected)], settle_seconds)
-
-
-def refused_files(inbox: Path, index: dict[str, dict], max_rejected: float) -> dict[str, dict]:
-    """The index entries of inbox files refused for their present content under this `max_rejected`."""
-    return {
-        path.name: index[path.name]
-        for path in _inbox_files(inbox)
-        if _refused(index.get(path.name), path, max_rejected)
-    }
+def inbox_state(inbox: Path, index: dict[str, dict], max_rejected: float) -> tuple[list[Path], dict[str, dict]]:
+    """The inbox's input files by name, each read at most once: those to label (new, changed, or failed last
+    time; `settled` then leaves out those still being written) and the index entries of those refused for
+    their present content under this `max_rejected`. Dot-files (editors' and uploaders' temporaries) are never
+    taken."""
+    waiting, refused = [], {}
+    for path in _inbox_files(inbox):
+        entry = index.get(path.name)
+        digest = _digest(path, entry)
+        if digest is None or _done(entry, digest):
+            continue
+        if _refused(entry, digest, max_rejected):
+            refused[path.name] = entry
+        else:
+            waiting.append(path)
+    return waiting, refused
 
 
 def _inbox_files(inbox: Path) -> list[Path]:
@@ -386,15 +385,34 @@ def _looks(path: Path) -> tuple[int, float] | None:
     return status.st_size, status.st_mtime
 
 
-def _done(entry: dict | None, path: Path) -> bool:
-    return entry is not None and entry.get("status") == DONE and entry.get("sha256") == file_digest(path, "sha256")
+def _stat_key(path: Path) -> list[int]:
+    """Size and modification time (ns): what says, without reading the file, that it is as it was."""
+    status = path.stat()
+    return [status.st_size, status.st_mtime_ns]
 
 
-def _refused(entry: dict | None, path: Path, max_rejected: float) -> bool:
+def _digest(path: Path, entry: dict | None) -> str | None:
+    """The file's sha256: the index's own while the file's size and modification time are those recorded with
+    it (a scheduled run reads no unchanged file again, however large), else read; None for a file gone since
+    the inbox was listed."""
+    try:
+        key = _stat_key(path)
+        if entry is not None and entry.get("sha256") and entry.get("stat") == key:
+            return entry["sha256"]
+        return file_digest(path, "sha256")
+    except FileNotFoundError:
+        return None
+
+
+def _done(entry: dict | None, digest: str) -> bool:
+    return entry is not None and entry.get("status") == DONE and entry.get("sha256") == digest
+
+
+def _refused(entry: dict | None, digest: str, max_rejected: float) -> bool:
     """Refused for this very content under this very threshold: a new digest or threshold takes it again."""
     if entry is None or entry.get("status") != REFUSED or entry.get("max_rejected") != max_rejected:
         return False
-    return entry.get("sha256") == file_digest(path, "sha256")
+    return entry.get("sha256") == digest
 
 
 def read_index(outbox: Path) -> dict[str, dict]:

@@ -53,12 +53,17 @@ def reader_accepts(path: Path) -> bool:
     return True
 
 
-def test_the_inbox_picks_up_every_file_the_reader_accepts_and_no_other(tmp_path):
-    from flows.label_pairs import pending_files
+def pending(inbox: Path, index: dict, settle_seconds: float = 0.0, max_rejected: float = 0.1) -> list[str]:
+    """The names of the files a label-pairs run would label, as the flow works them out."""
+    from flows.label_pairs import inbox_state, settled
 
+    return [path.name for path in settled(inbox_state(inbox, index, max_rejected)[0], settle_seconds)]
+
+
+def test_the_inbox_picks_up_every_file_the_reader_accepts_and_no_other(tmp_path):
     for name in candidate_names():
         (tmp_path / name).write_bytes(b"")
-    picked = {path.name for path in pending_files(tmp_path, {})}
+    picked = set(pending(tmp_path, {}))
     assert picked == {name for name in candidate_names() if reader_accepts(tmp_path / name)}
     assert {"pairs.ndjson", "pairs.tab", "pairs.ndjson.gz", "pairs.tab.gz"} <= picked
 
@@ -138,8 +143,6 @@ def test_the_inbox_leaves_dot_files_and_files_still_being_written_for_a_later_ru
     import threading
     import time
 
-    from flows.label_pairs import pending_files
-
     header = "premise,hypothesis\n"
     for name in (".pairs.csv.part", ".~lock.pairs.csv", "done.csv"):
         (tmp_path / name).write_text(header + "A dog runs.,An animal moves.\n", encoding="utf-8")
@@ -155,12 +158,12 @@ def test_the_inbox_leaves_dot_files_and_files_still_being_written_for_a_later_ru
     writer = threading.Thread(target=upload)
     writer.start()
     try:
-        assert [path.name for path in pending_files(tmp_path, {}, settle_seconds=0.5)] == ["done.csv"]
+        assert pending(tmp_path, {}, settle_seconds=0.5) == ["done.csv"]
     finally:
         stop.set()
         writer.join()
     time.sleep(0.01)
-    assert [path.name for path in pending_files(tmp_path, {}, settle_seconds=0.5)] == ["done.csv", "growing.csv"]
+    assert pending(tmp_path, {}, settle_seconds=0.5) == ["done.csv", "growing.csv"]
 
 
 @pytest.mark.parametrize("index", ['{"pairs.csv": {"status": ', "[]", '{"pairs.csv": "done"}'])
@@ -179,7 +182,7 @@ def test_a_damaged_inbox_index_is_named_with_its_fix(tmp_path, index):
 
 def test_a_file_refused_for_its_content_waits_until_it_or_the_threshold_changes(tmp_path):
     """A refused entry holds back its own content under its own max_rejected only; a failed one never does."""
-    from flows.label_pairs import DONE, FAILED, REFUSED, pending_files, refused_files
+    from flows.label_pairs import DONE, FAILED, REFUSED, inbox_state
     from spinn.ground.io import file_digest
 
     for name in ("refused.csv", "edited.csv", "failed.csv", "done.csv"):
@@ -192,8 +195,48 @@ def test_a_file_refused_for_its_content_waits_until_it_or_the_threshold_changes(
         "done.csv": {"status": DONE, "sha256": digest["done.csv"]},
     }
 
-    assert [path.name for path in pending_files(tmp_path, index, max_rejected=0.1)] == ["edited.csv", "failed.csv"]
-    assert refused_files(tmp_path, index, max_rejected=0.1) == {"refused.csv": index["refused.csv"]}
-    raised = [path.name for path in pending_files(tmp_path, index, max_rejected=0.2)]
-    assert raised == ["edited.csv", "failed.csv", "refused.csv"]
-    assert refused_files(tmp_path, index, max_rejected=0.2) == {}
+    assert pending(tmp_path, index, max_rejected=0.1) == ["edited.csv", "failed.csv"]
+    assert inbox_state(tmp_path, index, max_rejected=0.1)[1] == {"refused.csv": index["refused.csv"]}
+    assert pending(tmp_path, index, max_rejected=0.2) == ["edited.csv", "failed.csv", "refused.csv"]
+    assert inbox_state(tmp_path, index, max_rejected=0.2)[1] == {}
+
+
+def test_a_run_reads_each_inbox_file_once_and_an_unchanged_one_not_at_all(tmp_path, monkeypatch):
+    """The digest the index recorded with a file's size and modification time stands while both do; any
+    other file is read once per run, whatever it is checked for (done, refused)."""
+    import os
+
+    from flows import label_pairs
+    from flows.label_pairs import DONE, REFUSED, inbox_state
+    from spinn.ground.io import file_digest
+
+    for name in ("done.csv", "refused.csv", "old_index.csv", "new.csv"):
+        (tmp_path / name).write_text(f"premise,hypothesis\nA dog runs.,{name}\n", encoding="utf-8")
+    index_named = ("done.csv", "refused.csv")  # the index's "stat": [size, modification time in ns]
+    recorded = {name: [(tmp_path / name).stat().st_size, (tmp_path / name).stat().st_mtime_ns] for name in index_named}
+    digest = {name: file_digest(tmp_path / name, "sha256") for name in ("done.csv", "refused.csv", "old_index.csv")}
+    index = {
+        "done.csv": {"status": DONE, "sha256": digest["done.csv"], "stat": recorded["done.csv"]},
+        "refused.csv": {"status": REFUSED, "sha256": digest["refused.csv"], "stat": recorded["refused.csv"]}
+        | {"max_rejected": 0.1, "error": "why"},
+        "old_index.csv": {"status": DONE, "sha256": digest["old_index.csv"]},  # written before stats were kept
+    }
+    read = []
+
+    def counted(path: Path, algorithm: str) -> str:
+        read.append(path.name)
+        return file_digest(path, algorithm)
+
+    monkeypatch.setattr(label_pairs, "file_digest", counted)
+
+    waiting, refused = inbox_state(tmp_path, index, 0.1)
+    assert [path.name for path in waiting] == ["new.csv"] and list(refused) == ["refused.csv"]
+    assert sorted(read) == ["new.csv", "old_index.csv"]
+
+    read.clear()
+    done = tmp_path / "done.csv"
+    done.write_text("premise,hypothesis\nA cat sleeps.,done.csv\n", encoding="utf-8")  # same size, new content
+    os.utime(done, ns=(recorded["done.csv"][1] + 1, recorded["done.csv"][1] + 1))
+    waiting, _ = inbox_state(tmp_path, index, 0.1)
+    assert [path.name for path in waiting] == ["done.csv", "new.csv"]
+    assert sorted(read) == ["done.csv", "new.csv", "old_index.csv"]
