@@ -32,7 +32,7 @@ not depend on what runs beside it. On Prefect's default SQLite server,
 subflows that start together are often refused once ("database is locked",
 503) and Prefect's client retries about 2 s later, so files side by side pay
 off for files that take longer than that. A shard logs its progress every
-PROGRESS_EVERY_S seconds.
+REPORT_EVERY_S seconds (spinn.ground.progress), as training and evaluation do.
 """
 
 from __future__ import annotations
@@ -75,10 +75,10 @@ DONE, FAILED, REFUSED = "done", "failed", "refused"
 many rows rejected), not taken again until the file or max_rejected changes."""
 LOOPBACK = "127.0.0.1"
 LABELLING_RUN_KEY = "spinn-labeling-run"
-PROGRESS_EVERY_S = 30.0
 FLOW_MAX_REJECTED = 0.1
 """A scheduled file with more of its rows rejected ends its label-file run Failed, with the reasons: nobody
 reads a scheduled run's summary, so a file that is mostly refused must not pass as done."""
+NS_PER_S = 1e9  # _looks gives modification times in ns, as index.json keeps them
 DEFAULT_SETTLE_S = 5.0
 """How long an inbox file must go unmodified before a run takes it (a run waits that long at most, once): a
 file an uploader was still writing was labelled with the rows it had so far."""
@@ -189,7 +189,7 @@ def dask_cluster(request: LabelRequest) -> Iterator[str]:
 @task(name="label-shard", task_run_name="label-shard-{index}")
 def shard_task(job, index: int):
     """One shard, with the worker's own labeller (spinn.labeling.shard_job); its parse and model progress,
-    with pairs/s, in the task's log every PROGRESS_EVERY_S seconds."""
+    with pairs/s, in the task's log every REPORT_EVERY_S seconds (LabelProgress's own interval)."""
     from spinn.labeling.label_progress import LabelProgress
     from spinn.labeling.shard_plan import shard_rows
 
@@ -198,7 +198,6 @@ def shard_task(job, index: int):
         len(shard_rows(job.plan, index)),
         bars=False,
         log=lambda line: logger.info(f"shard {index}: {line}"),
-        every_s=PROGRESS_EVERY_S,
     )
     try:
         return job(index, progress)
@@ -314,7 +313,7 @@ def _label_one(path: Path, request: LabelRequest, address: str) -> dict[str, Any
     entry = {"sha256": None, "started_at": _now()}
     start = time.perf_counter()
     try:
-        entry["stat"] = _stat_key(path)  # before the digest: a file changed while it is read is read again
+        entry["stat"] = _looks(path)  # before the digest: a file changed while it is read is read again
         entry["sha256"] = file_digest(path, "sha256")
         entry.update(status=DONE, **_label_subflow(path, request, address))
     except TooManyRejected as error:  # its content's fault: refused until the file or the threshold changes
@@ -366,7 +365,7 @@ def settled(files: list[Path], settle_seconds: float) -> list[Path]:
     that old (one wait for all, at most `settle_seconds`); one that changed meanwhile is still being
     written and waits for a later run (named in the log)."""
     first = {path: _looks(path) for path in files}
-    youngest = min((time.time() - look[1] for look in first.values() if look), default=settle_seconds)
+    youngest = min((time.time() - look[1] / NS_PER_S for look in first.values() if look), default=settle_seconds)
     if youngest < settle_seconds:
         time.sleep(settle_seconds - max(youngest, 0.0))
     second = {path: _looks(path) for path in files}
@@ -376,18 +375,13 @@ def settled(files: list[Path], settle_seconds: float) -> list[Path]:
     return [path for path in files if second[path] is not None and second[path] == first[path]]
 
 
-def _looks(path: Path) -> tuple[int, float] | None:
-    """Size and modification time; None for a file gone since the inbox was listed."""
+def _looks(path: Path) -> list[int] | None:
+    """Size and modification time (ns), what says without reading the file that it is as it was (as JSON keeps
+    it, in index.json); None for a file gone since the inbox was listed."""
     try:
         status = path.stat()
     except FileNotFoundError:
         return None
-    return status.st_size, status.st_mtime
-
-
-def _stat_key(path: Path) -> list[int]:
-    """Size and modification time (ns): what says, without reading the file, that it is as it was."""
-    status = path.stat()
     return [status.st_size, status.st_mtime_ns]
 
 
@@ -395,12 +389,14 @@ def _digest(path: Path, entry: dict | None) -> str | None:
     """The file's sha256: the index's own while the file's size and modification time are those recorded with
     it (a scheduled run reads no unchanged file again, however large), else read; None for a file gone since
     the inbox was listed."""
+    looks = _looks(path)
+    if looks is None:
+        return None
+    if entry is not None and entry.get("sha256") and entry.get("stat") == looks:
+        return entry["sha256"]
     try:
-        key = _stat_key(path)
-        if entry is not None and entry.get("sha256") and entry.get("stat") == key:
-            return entry["sha256"]
         return file_digest(path, "sha256")
-    except FileNotFoundError:
+    except FileNotFoundError:  # gone between the look and the read
         return None
 
 
