@@ -60,6 +60,9 @@ TINY_TRAIN_SETTINGS = (*TINY_MODEL_SETTINGS, "threads=1")
 PREPARED_DEV_PAIRS = 120
 """The real dev pairs that the `snli_prepared` fixture prepares (one of them has gold '-')."""
 
+SMALL_SMOKE_CORPUS = {"train": 300, "dev": 60, "test": 60}
+"""A fifth of the smoke corpus, for flow runs whose stages do the same work on fewer pairs."""
+
 SMOKE_REGISTERED = "label-test"
 SMOKE_TRAINING = {
     "model": {"variant": "spinn", **TINY_MODEL},

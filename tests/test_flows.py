@@ -27,6 +27,7 @@ from spinn.ground.io import file_digest
 from spinn.ground.settings import nest
 from spinn.tracking.register import version_description
 from tests.helpers import (
+    SMALL_SMOKE_CORPUS,
     TINY_MODEL,
     assert_the_thread_rule_ran,
     copy_checkout,
@@ -52,8 +53,6 @@ SMALL_TRAINING = {
     "experiment": "flow-test",
     "registered_model": "flow-test",
 }
-SMALL_CORPUS = {"train": 300, "dev": 60, "test": 60}
-"""The flows' stages do the same on a fifth of the smoke corpus; README's label run takes 12 test pairs."""
 STAGE_TASKS = {"download", "prepare-train", "prepare-dev", "prepare-test", "vocab", "embeddings", "train", "evaluate"}
 CACHED = "Cached"
 VENV_BIN = Path(sys.executable).parent
@@ -67,7 +66,8 @@ LATER_RUNS = ("evaluate-spinn/champion", "label-pairs/inbox")
 def project(tmp_path_factory, prefect_api, migrated_store) -> dict:
     """A data folder, an MLflow store and the smoke archive; the environment points MLflow there."""
     root = tmp_path_factory.mktemp("flow-project")
-    archive = write_smoke_corpus(root / "source" / "snli_1.0.zip", sizes=SMALL_CORPUS)
+    # README's label run takes 12 of its test pairs
+    archive = write_smoke_corpus(root / "source" / "snli_1.0.zip", sizes=SMALL_SMOKE_CORPUS)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MLFLOW_TRACKING_URI", copy_store(migrated_store, root / "mlflow.db"))
         patch.chdir(root)  # MLflow puts a new experiment's artifacts under ./mlruns: keep them out of the checkout

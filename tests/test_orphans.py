@@ -26,6 +26,7 @@ from click.testing import CliRunner
 from spinn.cli import COMMANDS, main
 from spinn.ground import children
 from tests.helpers import (
+    SMALL_SMOKE_CORPUS,
     SPINN_COMMAND,
     TINY_MODEL,
     copy_store,
@@ -194,8 +195,6 @@ FLOW_SETTINGS = {
     "threads": 1,
 }
 """A train-spinn run that goes on until it is stopped, checkpointing every two steps."""
-SMALL_CORPUS = {"train": 300, "dev": 60, "test": 60}
-"""The stages before training take their time by the corpus's size; the watch does not care how big it is."""
 
 
 @pytest.mark.slow  # a flow run process (Prefect, prepare, training) and a shell, about 40 s on two busy cores
@@ -210,7 +209,7 @@ def test_a_flow_run_whose_worker_is_killed_stops_ends_its_runs_and_lets_go(prefe
     from spinn.data.smoke import write_smoke_corpus
     from spinn.ground.io import file_digest, lock_output_folder
 
-    archive = write_smoke_corpus(tmp_path / "source" / "snli_1.0.zip", sizes=SMALL_CORPUS)
+    archive = write_smoke_corpus(tmp_path / "source" / "snli_1.0.zip", sizes=SMALL_SMOKE_CORPUS)
     download = {"file": str(archive), "checksum": f"sha256:{file_digest(archive)}"}
     parameters = {
         "corpus": CorpusRequest(params=None, data_dir=tmp_path / "data", download=download, prepare={"workers": 1}),
