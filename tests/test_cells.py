@@ -46,10 +46,10 @@ class Softsign(GatedCell):
         candidate, squashed = tape.tanh_candidate, tape.tanh_c  # softsign(a), softsign(c): 1 - |s| = 1 / (1 + |x|)
         to_candidate = views.input * (1 - candidate.abs()) ** 2
         c_from_gates = torch.cat(
-            [torch.stack([to_candidate, candidate * d_views.input], 2), c_children * d_views.forgets], 2
+            [torch.stack([to_candidate, candidate * d_views.input], 1), c_children * d_views.forgets], 1
         )
-        h_from_output = (squashed * d_views.output).unsqueeze(2)
-        h_from_c = (views.output * (1 - squashed.abs()) ** 2).unsqueeze(2)
+        h_from_output = (squashed * d_views.output).unsqueeze(1)
+        h_from_c = (views.output * (1 - squashed.abs()) ** 2).unsqueeze(1)
         return LocalDerivatives(c_from_gates, h_from_output, h_from_c, views.forgets)
 
 
@@ -101,19 +101,19 @@ def test_local_derivatives_are_the_derivatives_of_the_step(kind):
     expected = torch.autograd.grad([h, c], [gates, children], [grad_h.squeeze(2), grad_c.squeeze(2)])
 
     outputs = torch.empty(2, steps, rows, d, dtype=torch.float64)
-    tape = cell.tape(gates, rows, steps, outputs[0].unbind(0), outputs[1].unbind(0))
+    tape = cell.tape(gates, [rows] * steps, outputs[0].unbind(0), outputs[1].unbind(0))
     with torch.no_grad():
         for step in range(steps):
             tape.gates[step].copy_(gates[step])
             cell.step(tape.gates[step], children[step].unbind(1), tape.out[step])
         torch.testing.assert_close(outputs[0], h, rtol=0, atol=1e-15)
         torch.testing.assert_close(outputs[1], c, rtol=0, atol=1e-15)
-        backward = cell.backward_buffers(tape, children)
+        backward = cell.backward_buffers(tape, children.flatten(0, 1))
         found_children = torch.empty_like(children)
         for step in range(steps):
             backward.gates(step, grad_h[step], grad_c[step])
             backward.children(step, found_children[step])
-    torch.testing.assert_close(backward.grads, expected[0], rtol=TOLERANCE, atol=TOLERANCE)
+    torch.testing.assert_close(backward.grads.view(steps, rows, -1), expected[0], rtol=TOLERANCE, atol=TOLERANCE)
     torch.testing.assert_close(found_children, expected[1], rtol=TOLERANCE, atol=TOLERANCE)
 
 
@@ -138,17 +138,22 @@ def train(model: SPINN, batch, source: TransitionSource, loop: EncoderLoop) -> S
 
 @pytest.mark.parametrize(("variant", "source"), CASES, ids=CASE_IDS)
 def test_an_edited_cell_reaches_every_encoder_loop(variant, source):
-    """Spec and fused agree on the edited cells' outputs and every gradient; the CPU inference loop on its
-    predictions; and the edit changes the numbers (it really runs)."""
+    """Spec and both fused loops (fixed shapes; compact, for gold transitions) agree on the edited cells' outputs
+    and every gradient; the CPU inference loop on its predictions; and the edit changes the numbers (it really
+    runs)."""
     batch, vocab_size = synthetic_batch()
-    spec, fused = (softsign_cells(tiny_model(variant, vocab_size)).train() for _ in range(2))
-    expected, found = train(spec, batch, source, EncoderLoop.SPEC), train(fused, batch, source, EncoderLoop.FUSED)
-    assert torch.equal(found.transitions, expected.transitions)
-    torch.testing.assert_close(found.logits, expected.logits, rtol=TOLERANCE, atol=TOLERANCE)
-    for (name, mine), theirs in zip(fused.named_parameters(), spec.parameters(), strict=True):
-        assert (mine.grad is None) == (theirs.grad is None), name
-        if theirs.grad is not None:
-            torch.testing.assert_close(mine.grad, theirs.grad, rtol=TOLERANCE, atol=TOLERANCE, msg=name)
+    spec = softsign_cells(tiny_model(variant, vocab_size)).train()
+    expected = train(spec, batch, source, EncoderLoop.SPEC)
+    loops = [EncoderLoop.FUSED] + ([EncoderLoop.FUSED_COMPACT] if source is TransitionSource.GOLD else [])
+    for loop in loops:
+        fused = softsign_cells(tiny_model(variant, vocab_size)).train()
+        found = train(fused, batch, source, loop)
+        assert torch.equal(found.transitions, expected.transitions)
+        torch.testing.assert_close(found.logits, expected.logits, rtol=TOLERANCE, atol=TOLERANCE)
+        for (name, mine), theirs in zip(fused.named_parameters(), spec.parameters(), strict=True):
+            assert (mine.grad is None) == (theirs.grad is None), name
+            if theirs.grad is not None:
+                torch.testing.assert_close(mine.grad, theirs.grad, rtol=TOLERANCE, atol=TOLERANCE, msg=f"{loop} {name}")
     unedited = tiny_model(variant, vocab_size).train()
     plain = unedited(batch, source=source, uniforms=uniforms_for(batch, source), loop=EncoderLoop.SPEC)
     assert (plain.logits - expected.logits).abs().max() > 1e-3

@@ -10,7 +10,7 @@ from spinn.bench.reference import ReferenceSPINN
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
 from spinn.ground.errors import SpinnError
-from spinn.model.addressing import gold_plan
+from spinn.model.addressing import WORD_BASE, ZERO_ROW, gold_plan
 from spinn.model.batch import Batch, make_batch
 from spinn.model.config import TREE_VARIANTS, EncoderLoop, SPINNConfig, TransitionSource
 from spinn.model.presets import PRESETS
@@ -281,6 +281,24 @@ def test_a_plan_refuses_transitions_that_are_not_a_tree():
     reduce_first = np.array([[Transition.REDUCE, Transition.SHIFT, Transition.SHIFT]])
     with pytest.raises(SpinnError, match="illegal transition at step 0"):
         gold_plan(reduce_first, np.array([2]), 2)
+
+
+def test_a_plan_gives_each_reduce_and_only_each_reduce_a_compact_node_row():
+    """Two sentences, three words ((a b) c) and two (a b), padded to three: step 2 makes both short trees'
+    nodes, step 4 the long one's root; the compact rows are those three, in step order."""
+    import numpy as np
+
+    shift, reduce, pad = Transition.SHIFT, Transition.REDUCE, PAD_TRANSITION
+    transitions = np.array([[shift, shift, reduce, shift, reduce], [shift, shift, reduce, pad, pad]])
+    plan = gold_plan(transitions, np.array([3, 2]), 3)
+    compact, node_base = plan.compact, WORD_BASE + 2 * 3
+    word = [[WORD_BASE + sentence * 3 + position for position in range(3)] for sentence in range(2)]
+    assert compact.counts == [0, 0, 2, 0, 1] and compact.rows == node_base + 3
+    assert compact.reducers.tolist() == [0, 1, 0]
+    assert compact.children.tolist() == [word[0][:2], word[1][:2], [node_base, word[0][2]]]
+    assert compact.roots.tolist() == [node_base + 2, node_base + 1]
+    assert compact.reads[3, 0].tolist() == [word[0][2], ZERO_ROW, node_base]  # buffer c; the stack: (a b)
+    assert plan.to("cpu").compact is compact and plan.to("meta").compact is None  # the GPU's loop has no use
 
 
 def test_reference_runs_on_gold_transitions_only():

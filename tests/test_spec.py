@@ -23,7 +23,7 @@ from spinn.model.checkpoint import load_checkpoint
 from spinn.model.config import EncoderLoop, TransitionSource
 from spinn.model.loading import load_model
 from spinn.model.spinn import SPINN, SPINNOutput, spinn_loss
-from tests.helpers import CASE_IDS, CASES, TOLERANCE, dev_batch, synthetic_batch, tiny_model, uniforms_for
+from tests.helpers import CASES, TOLERANCE, dev_batch, synthetic_batch, tiny_model, uniforms_for
 
 RELEASE = Path(__file__).parent / "fixtures" / "release-0.1.0"
 
@@ -46,18 +46,27 @@ def twins(variant: str, vocab_size: int) -> tuple[SPINN, SPINN]:
     return fused.train(), spec.train()
 
 
-def run(model: SPINN, batch: Batch, source: TransitionSource) -> SPINNOutput:
-    """One forward and backward on the model's own loop; the loss of the training step (rl: with REINFORCE)."""
-    output = model(batch, source=source, uniforms=uniforms_for(batch, source))
+def run(model: SPINN, batch: Batch, source: TransitionSource, loop: EncoderLoop | None = None) -> SPINNOutput:
+    """One forward and backward (on the model's own loop unless one is named); the loss of the training step
+    (rl: with REINFORCE)."""
+    output = model(batch, source=source, uniforms=uniforms_for(batch, source), loop=loop)
     spinn_loss(output, batch, model.config).total.backward()
     return output
 
 
-@pytest.mark.parametrize(("variant", "source"), CASES, ids=CASE_IDS)
-def test_fused_encoder_equals_the_spec(batch, variant, source):
+FUSED_CASES = [(*case, EncoderLoop.FUSED) for case in CASES] + [
+    (*case, EncoderLoop.FUSED_COMPACT) for case in CASES if case[1] is TransitionSource.GOLD
+]
+"""Every case on the fixed-shape fused loop, and the gold ones on the compact loop too (CPU training's)."""
+
+
+@pytest.mark.parametrize(
+    ("variant", "source", "loop"), FUSED_CASES, ids=[f"{v}-{s.value}-{loop.value}" for v, s, loop in FUSED_CASES]
+)
+def test_fused_encoder_equals_the_spec(batch, variant, source, loop):
     batch, vocab_size = batch
     fused, spec = twins(variant, vocab_size)
-    expected, found = run(spec, batch, source), run(fused, batch, source)
+    expected, found = run(spec, batch, source), run(fused, batch, source, loop)
     assert torch.equal(found.transitions, expected.transitions)
     torch.testing.assert_close(found.logits, expected.logits, rtol=TOLERANCE, atol=TOLERANCE)
     if source is not TransitionSource.GOLD:
@@ -97,6 +106,14 @@ def test_a_source_the_variant_cannot_run_is_refused(variant, source):
     model, _ = twins(variant, vocab_size)
     with pytest.raises(SpinnError, match=f"cannot run on {source.value} transitions"):
         model(batch, source=source)
+
+
+def test_the_compact_loop_refuses_transitions_it_has_no_plan_for():
+    """It composes the REDUCEs of a plan made on the host: the model's own choices have none."""
+    batch, vocab_size = synthetic_batch()
+    model, _ = twins("spinn", vocab_size)
+    with pytest.raises(SpinnError, match="fused_compact loop runs gold transitions on a CPU, not chosen"):
+        model(batch, source=TransitionSource.GREEDY, loop=EncoderLoop.FUSED_COMPACT)
 
 
 def test_draws_without_sampling_are_refused():

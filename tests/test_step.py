@@ -14,11 +14,18 @@ import torch
 from spinn.bench import load_examples, take_batches
 from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, make_batch
-from spinn.model.config import SPINNConfig, TransitionSource
+from spinn.model.config import EncoderLoop, SPINNConfig, TransitionSource
 from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.training.loader import prefetch
-from spinn.training.train_step import Schedule, StepOptions, TrainStep, make_optimizer, set_rate
+from spinn.training.train_step import (
+    Schedule,
+    StepOptions,
+    TrainStep,
+    make_optimizer,
+    set_rate,
+    training_loop,
+)
 from tests.helpers import synthetic_batch
 
 MAX_OPS_PER_TRANSITION_STEP = 50
@@ -45,12 +52,18 @@ def trainer(variant: str, vocab_size: int, d: int = 24, encoder: str = "fused", 
     return TrainStep(model, optimizer, schedule, StepOptions(clip_norm=5.0, **options))
 
 
-@pytest.mark.parametrize("variant", ["pi", "spinn", "rl", "pi-nt"])
-def test_a_training_step_never_reads_the_device_and_launches_few_ops(snli_batches, variant):
+STEP_LOOPS = [(variant, EncoderLoop.FUSED) for variant in ("pi", "spinn", "rl", "pi-nt")] + [
+    (variant, EncoderLoop.FUSED_COMPACT) for variant in ("pi", "spinn", "pi-nt")
+]
+"""The GPU's loop for every variant, and the CPU's for those that train on gold transitions."""
+
+
+@pytest.mark.parametrize(("variant", "loop"), STEP_LOOPS, ids=[f"{v}-{loop.value}" for v, loop in STEP_LOOPS])
+def test_a_training_step_never_reads_the_device_and_launches_few_ops(snli_batches, variant, loop):
     """Forward, loss, backward, clipping, RMSprop and the metric sums: no host sync; PI and SPINN within
     the issue's 50 aten ops per transition step (the encoder's work is the same at any width)."""
     batches, vocab_size = snli_batches
-    step = trainer(variant, vocab_size)
+    step = trainer(variant, vocab_size, loop=loop)
     step(batches[0], 0)  # lazy state (optimizer buffers) is made once
     with counting() as count:
         for index, batch in enumerate(batches[1:3], start=1):
@@ -59,6 +72,25 @@ def test_a_training_step_never_reads_the_device_and_launches_few_ops(snli_batche
     assert count.syncs == 0, count.sync_ops()
     if variant in ("pi", "spinn"):
         assert count.total / transition_steps <= MAX_OPS_PER_TRANSITION_STEP, count.ops.most_common(10)
+
+
+@pytest.mark.parametrize(
+    ("variant", "encoder", "device", "expected"),
+    [
+        ("pi", "fused", "cpu", EncoderLoop.FUSED_COMPACT),
+        ("spinn", "fused", "cpu", EncoderLoop.FUSED_COMPACT),
+        ("rl", "fused", "cpu", EncoderLoop.FUSED),
+        ("pi", "fused", "cuda", EncoderLoop.FUSED),
+        ("pi", "spec", "cpu", EncoderLoop.SPEC),
+    ],
+)
+def test_training_composes_only_the_reduces_on_a_cpu(variant, encoder, device, expected):
+    """Gold transitions on a CPU train on the compact loop; sampled trees (rl) and a GPU's fixed shapes on the
+    fused one; a spec model on its spec. The step runs what the rule chose."""
+    config = SPINNConfig(variant=variant, encoder=encoder)
+    assert training_loop(config, torch.device(device)) is expected
+    if device == "cpu":
+        assert trainer(variant, 20, encoder=encoder).loop is expected
 
 
 def test_the_step_is_a_plain_rmsprop_step(snli_dev):
@@ -72,7 +104,7 @@ def test_the_step_is_a_plain_rmsprop_step(snli_dev):
     step(batch, 0)
     plain.train()
     optimizer.zero_grad()
-    spinn_loss(plain(batch, source=TransitionSource.GOLD), batch, plain.config).total.backward()
+    spinn_loss(plain(batch, source=TransitionSource.GOLD, loop=step.loop), batch, plain.config).total.backward()
     torch.nn.utils.clip_grad_norm_(plain.parameters(), 5.0)
     optimizer.step()
     for (name, mine), theirs in zip(step.model.state_dict().items(), plain.state_dict().values(), strict=True):

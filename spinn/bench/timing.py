@@ -50,7 +50,7 @@ from spinn.ground.errors import SpinnError
 from spinn.ground.settings import AUTO, Conflict, Settings, ThreadCount
 from spinn.inference.infer_step import InferStep
 from spinn.model.batch import WIDTH_STEP, Batch, bucket_batches, make_batch, padding_fraction
-from spinn.model.config import EncoderKind, SPINNConfig, TransitionSource
+from spinn.model.config import EncoderKind, EncoderLoop, SPINNConfig, TransitionSource
 from spinn.model.loading import resolve_device
 from spinn.model.parser_choice import auto_source
 from spinn.model.precision import autocast
@@ -58,7 +58,7 @@ from spinn.model.spinn import SPINN, random_vectors, spinn_loss
 from spinn.opcount import counting
 from spinn.training.loader import prefetch
 from spinn.training.train_config import check_trainable
-from spinn.training.train_step import Schedule, StepOptions, TrainStep, make_optimizer
+from spinn.training.train_step import Schedule, StepOptions, TrainStep, make_optimizer, training_loop
 
 Mode = Literal["train", "infer", "loop"]
 Implementation = Literal["fast", "reference"]
@@ -109,7 +109,7 @@ class BenchSettings(Settings):
     graphs: bool = True
     """On CUDA, replay each batch shape's step from a CUDA graph."""
     count_ops: bool = False
-    """Also count aten ops and host syncs per step (any device)."""
+    """Also count aten ops and host syncs per step of the step as a GPU runs it (any device)."""
     profile: bool = False
     """Also profile kernels per step and the GPU's busy share (CUDA)."""
     threads: ThreadCount = AUTO
@@ -209,12 +209,15 @@ def _stepper(
     return _step_of(settings, model, source, settings.graphs), batches
 
 
-def _step_of(settings: BenchSettings, model: SPINN, source: TransitionSource, graphs: bool) -> Callable[[Batch], Any]:
+def _step_of(
+    settings: BenchSettings, model: SPINN, source: TransitionSource, graphs: bool, loop: EncoderLoop | None = None
+) -> Callable[[Batch], Any]:
+    """The step of the bench's mode; loop: the training step's encoder loop (None: the device's own)."""
     if settings.impl == "reference":
         return _reference_step(settings, model)
     if settings.mode == "infer":
         return InferStep(model, source=source, amp=settings.amp, graphs=graphs)
-    return _train_step(settings, model, graphs)
+    return _train_step(settings, model, graphs, loop)
 
 
 class _TrainCalls:
@@ -228,11 +231,11 @@ class _TrainCalls:
         self.count += 1
 
 
-def _train_step(settings: BenchSettings, model: SPINN, graphs: bool) -> _TrainCalls:
+def _train_step(settings: BenchSettings, model: SPINN, graphs: bool, loop: EncoderLoop | None = None) -> _TrainCalls:
     device = torch.device(settings.device)
     schedule = Schedule(base=LEARNING_RATE, decay=1.0, decay_steps=1)
     optimizer = make_optimizer(model, schedule, 0.0, device)
-    return _TrainCalls(TrainStep(model, optimizer, schedule, StepOptions(CLIP_NORM, settings.amp, graphs)))
+    return _TrainCalls(TrainStep(model, optimizer, schedule, StepOptions(CLIP_NORM, settings.amp, graphs, loop)))
 
 
 class _LoopStep:
@@ -252,9 +255,11 @@ class _LoopStep:
 def _repeat(
     settings: BenchSettings, model: SPINN, source: TransitionSource, host_batches: list[Batch]
 ) -> Callable[[int], None]:
-    """Run n more steps of the timed kind, eagerly (ops are counted, kernels profiled, as launched)."""
+    """Run n more steps of the timed kind, eagerly (ops are counted, kernels profiled, as launched), training as
+    on a GPU (its encoder loop): the count is what a GPU launches, whichever device counts it."""
     batches = [batch.to(settings.device) for batch in host_batches]
-    step = _step_of(settings, model, source, graphs=settings.graphs and settings.profile)
+    loop = training_loop(model.config, torch.device("cuda"))
+    step = _step_of(settings, model, source, graphs=settings.graphs and settings.profile, loop=loop)
 
     def run(count: int) -> None:
         for batch in islice(cycle(batches), count):

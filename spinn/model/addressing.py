@@ -18,6 +18,14 @@ model, and the encoder runs with no data-dependent control flow and no host
 syncs. When the model chooses its own transitions (spinn without a parser, rl
 sampling), `DeviceStacks` keeps the same stacks as tensors on the device and
 works out each step's addresses with masks, again without a sync.
+
+On a CPU nothing needs fixed shapes, and a row per sentence and step wastes
+most of the composition (only a REDUCE's node is ever read): `gold_plan`
+gives a gold plan a second set of addresses (`StepPlan.compact`, worked out
+with the rest) where the nodes take consecutive rows, step by step, one per
+REDUCE:
+
+    rows 1 + N*L + m               the m-th REDUCE of the batch, in step order
 """
 
 from __future__ import annotations
@@ -67,6 +75,18 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class CompactNodes:
+    """A gold plan's addresses with a node row only for each REDUCE, for a loop that composes only those."""
+
+    counts: list[int]  # (T,) the REDUCEs of each step: the rows it composes (host numbers, no device read)
+    reducers: Tensor  # (M,) long: the sentence of each node, step after step
+    children: Tensor  # (M, 2) long: the rows of each node's [left, right] child
+    reads: Tensor  # (T, N, 3) long: the plan's reads, node rows renamed
+    roots: Tensor  # (N,) long
+    rows: int  # R' = N*L + M + 1: the memory's rows
+
+
+@dataclass(frozen=True)
 class StepPlan:
     """The addresses of gold transitions, and which steps are real; tensors on one device."""
 
@@ -74,11 +94,15 @@ class StepPlan:
     roots: Tensor  # (N,) long: each sentence's root row after its last step
     legal: Tensor  # (T, N, 2) bool: SHIFT and REDUCE legal before the step (masks the tracker's logits)
     real: Tensor  # (T, N) bool: the step is one of the sentence's own 2n - 1
+    compact: CompactNodes | None = None  # the same addresses with a node row only per REDUCE; CPU plans only
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> StepPlan:
-        return StepPlan(*(tensor.to(device, non_blocking=non_blocking) for tensor in self.tensors()))
+        """The plan on the device; the compact addresses stay only on a CPU, the one loop that reads them."""
+        compact = self.compact if torch.device(device).type == "cpu" else None
+        return StepPlan(*(tensor.to(device, non_blocking=non_blocking) for tensor in self.tensors()), compact)
 
     def pin_memory(self) -> StepPlan:
+        """Pinned for a copy to a GPU, which has no use for the compact addresses."""
         return StepPlan(*(tensor.pin_memory() for tensor in self.tensors()))
 
     def tensors(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -115,11 +139,32 @@ def gold_plan(transitions: np.ndarray, lengths: np.ndarray, width: int) -> StepP
         action = transitions[:, step]
         _check_legal(action, legal[step], step)
         _apply(stack, depth, position, action, reads[step], layout.node_base + step * sentences + rows, rows, width)
+    roots = stack[:, 0].copy()
     return StepPlan(
         torch.from_numpy(reads),
-        torch.from_numpy(stack[:, 0].copy()),
+        torch.from_numpy(roots),
         torch.from_numpy(legal),
         torch.from_numpy(real_steps(lengths, steps)),
+        _compact(transitions, reads, roots, layout),
+    )
+
+
+def _compact(transitions: np.ndarray, reads: np.ndarray, roots: np.ndarray, layout: Layout) -> CompactNodes:
+    """Rename a plan's nodes: REDUCE m of the batch, in step order, gets row node_base + m; the rows of steps
+    that did not REDUCE are never read, so they need none."""
+    reducing = transitions.T == REDUCE  # (T, N)
+    steps, sentences = np.nonzero(reducing)  # (M,) each, step-major
+    renamed = np.arange(layout.rows)  # every row of the full layout -> its compact row
+    renamed[layout.node_base + steps * layout.sentences + sentences] = layout.node_base + np.arange(len(steps))
+    compact_reads = renamed[reads]  # (T, N, 3)
+    children = compact_reads[steps, sentences][:, list(CHILD_READS)]  # (M, 2)
+    return CompactNodes(
+        reducing.sum(1).tolist(),
+        torch.from_numpy(sentences),
+        torch.from_numpy(np.ascontiguousarray(children)),
+        torch.from_numpy(compact_reads),
+        torch.from_numpy(renamed[roots]),
+        layout.node_base + len(steps),
     )
 
 

@@ -60,16 +60,16 @@ FRESH = StepOut(None, None, None, None, None, None, None)
 
 
 class LocalDerivatives(NamedTuple):
-    """The cell's derivatives at every step (T, N, ...), elementwise in the cell's width.
+    """The cell's derivatives at every row a fused encoding kept (M, ...), elementwise in the cell's width.
 
     With dc = grad_c + grad_h * h_from_c (the gradient reaching c), the pre-activations' gradient
     is [c_from_gates * dc | h_from_output * grad_h] in gate order, and the children's c get
     dc * c_from_children."""
 
-    c_from_gates: Tensor  # (T, N, k + 2, D) d c / d [candidate, input, forgets]
-    h_from_output: Tensor  # (T, N, 1, D) d h / d output
-    h_from_c: Tensor  # (T, N, 1, D) d h / d c
-    c_from_children: Tensor  # (T, N, k, D) d c / d c_k
+    c_from_gates: Tensor  # (M, k + 2, D) d c / d [candidate, input, forgets]
+    h_from_output: Tensor  # (M, 1, D) d h / d output
+    h_from_c: Tensor  # (M, 1, D) d h / d c
+    c_from_children: Tensor  # (M, k, D) d c / d c_k
 
 
 class GatedCell(nn.Module):
@@ -156,32 +156,32 @@ class GatedCell(nn.Module):
         return GateViews(gates[..., :d], blocks[..., 1, :], blocks[..., 2 : 2 + k, :], blocks[..., -1, :])
 
     def local_derivatives(self, tape: GateTape, c_children: Tensor) -> LocalDerivatives:
-        """The step's derivatives over all T steps at once, from the tape the forward loop wrote and the
-        children's c it read, (T, N, k, D): a few kernels, each writing its result once."""
+        """The step's derivatives at every row the tape kept (M, ...) at once, from the tape the forward loop
+        wrote and the children's c it read, (M, k, D): a few kernels, each writing its result once."""
         d, k = self.width, self.n_children
-        steps, n = tape.sig.shape[:2]
-        sig = tape.sig.unflatten(-1, (k + GATES_BESIDE_FORGETS, d))[:, :, 1:]  # (T, N, k + 2, D) input, forgets, output
+        sig = tape.sig.unflatten(-1, (k + GATES_BESIDE_FORGETS, d))[:, 1:]  # (M, k + 2, D) input, forgets, output
         d_sig = torch.addcmul(sig, sig, sig, value=-1)  # σ' = σ - σ²
-        (input_, _, output), (d_input, d_forgets, d_output) = (x.split([1, k, 1], 2) for x in (sig, d_sig))
-        tanh_candidate, tanh_c = tape.tanh_candidate.unsqueeze(2), tape.tanh_c.unsqueeze(2)  # (T, N, 1, D) each
-        c_from_gates = tape.sig.new_empty(steps, n, k + 2, d)  # [candidate, input, forgets]
-        to_candidate, to_input, to_forgets = c_from_gates.split([1, 1, k], 2)
+        (input_, _, output), (d_input, d_forgets, d_output) = (x.split([1, k, 1], 1) for x in (sig, d_sig))
+        tanh_candidate, tanh_c = tape.tanh_candidate.unsqueeze(1), tape.tanh_c.unsqueeze(1)  # (M, 1, D) each
+        c_from_gates = tape.sig.new_empty(tape.sig.shape[0], k + 2, d)  # [candidate, input, forgets]
+        to_candidate, to_input, to_forgets = c_from_gates.split([1, 1, k], 1)
         torch.addcmul(input_, input_, tanh_candidate.square(), value=-1, out=to_candidate)  # σ(i)(1 - tanh²(a))
         torch.mul(tanh_candidate, d_input, out=to_input)
         torch.mul(c_children, d_forgets, out=to_forgets)
         h_from_c = torch.addcmul(output, output, tanh_c.square(), value=-1)  # σ(o)(1 - tanh²(c))
-        return LocalDerivatives(c_from_gates, tanh_c * d_output, h_from_c, sig[:, :, 1 : 1 + k])
+        return LocalDerivatives(c_from_gates, tanh_c * d_output, h_from_c, sig[:, 1 : 1 + k])
 
     # ------------------------------------------------------------------ the fused loops' buffers
 
-    def tape(self, like: Tensor, sentences: int, depth: int, h: Sequence[Tensor], c: Sequence[Tensor]) -> GateTape:
-        """Buffers for the fused forward over len(h) steps, kept `depth` deep (T to be differentiated, else 1);
-        h, c: where each step's outputs go, (N, D) each."""
-        return GateTape(self, like, sentences, depth, h, c)
+    def tape(self, like: Tensor, rows: Sequence[int], h: Sequence[Tensor], c: Sequence[Tensor]) -> GateTape:
+        """Buffers for the fused forward over len(h) steps; rows: how many rows each step computes, one
+        entry per step kept (to be differentiated), or a single entry whose buffers every step reuses;
+        h, c: where each step's outputs go, (rows, D) each."""
+        return GateTape(self, like, rows, h, c)
 
     def backward_buffers(self, tape: GateTape, c_children: Tensor) -> GateBackward:
-        """What the fused backward needs of this cell for one encoding (c_children: (T, N, k, D))."""
-        return GateBackward(self.local_derivatives(tape, c_children), tape.pre)
+        """What the fused backward needs of this cell for one encoding (c_children: (M, k, D), as the tape's rows)."""
+        return GateBackward(self.local_derivatives(tape, c_children), tape.pre, tape.rows)
 
 
 def per_step(tensor: Tensor, steps: int) -> list[Tensor]:
@@ -189,24 +189,33 @@ def per_step(tensor: Tensor, steps: int) -> list[Tensor]:
     return list(tensor.unbind(0)) if tensor.shape[0] == steps else [tensor[0]] * steps
 
 
-class GateTape:
-    """A gated cell's record of every step of one fused encoding, in (T', N, ...) buffers, each step's views
-    cut once (a view is an op too): the loop writes a step's pre-activations into `gates[t]` (N, G) and
-    calls `cell.step(gates[t], c_children, out[t])`."""
+def step_rows(tensor: Tensor, rows: Sequence[int], steps: int) -> list[Tensor]:
+    """Per-step views of an (M, ...) buffer of rows kept step after step (rows[t] at step t), or, with one entry
+    in rows, the same view at each of the steps."""
+    if len(rows) == 1:
+        return [tensor] * steps
+    return list(tensor.split(rows[0] if len(set(rows)) == 1 else list(rows)))  # one op either way
 
-    def __init__(self, cell: GatedCell, like: Tensor, n: int, depth: int, h: Sequence[Tensor], c: Sequence[Tensor]):
-        steps = len(h)
-        self.pre = like.new_empty(depth, n, cell.gate_width)  # (T', N, G)
-        self.sig = like.new_empty(depth, n, cell.gate_width)  # (T', N, G)
-        self.tanh_candidate = like.new_empty(depth, n, cell.width)  # (T', N, D)
-        self.tanh_c = like.new_empty(depth, n, cell.width)  # (T', N, D)
+
+class GateTape:
+    """A gated cell's record of every step of one fused encoding, in (M, ...) buffers of the rows each step
+    computed, each step's views cut once (a view is an op too): the loop writes a step's pre-activations into
+    `gates[t]` (rows[t], G) and calls `cell.step(gates[t], c_children, out[t])`."""
+
+    def __init__(self, cell: GatedCell, like: Tensor, rows: Sequence[int], h: Sequence[Tensor], c: Sequence[Tensor]):
+        steps, kept = len(h), sum(rows)
+        self.rows = list(rows)
+        self.pre = like.new_empty(kept, cell.gate_width)  # (M, G)
+        self.sig = like.new_empty(kept, cell.gate_width)  # (M, G)
+        self.tanh_candidate = like.new_empty(kept, cell.width)  # (M, D)
+        self.tanh_c = like.new_empty(kept, cell.width)  # (M, D)
         views = cell.gate_views(self.pre, self.sig)
-        sig, candidate, input_, forgets, output = (
-            per_step(tensor, steps) for tensor in (self.sig, views.candidate, views.input, views.forgets, views.output)
+        gates = (self.sig, views.candidate, views.input, views.forgets, views.output)
+        sig, candidate, input_, forgets, output, tanh_candidate, tanh_c = (
+            step_rows(tensor, rows, steps) for tensor in (*gates, self.tanh_candidate, self.tanh_c)
         )
-        by_child = [per_step(tensor, steps) for tensor in views.forgets.unbind(2)]
-        tanh_candidate, tanh_c = per_step(self.tanh_candidate, steps), per_step(self.tanh_c, steps)
-        self.gates = per_step(self.pre, steps)
+        by_child = [step_rows(tensor, rows, steps) for tensor in views.forgets.unbind(1)]
+        self.gates = step_rows(self.pre, rows, steps)
         self.out = [
             StepOut(
                 sig[t],
@@ -223,30 +232,34 @@ class GateTape:
 
 class GateBackward:
     """The fused backward's view of a gated cell: its local derivatives per step, and the gradient of its
-    pre-activations at every step, (T, N, G), which the loop multiplies back into inputs and weights."""
+    pre-activations at every row the tape kept, (M, G), which the loop multiplies back into inputs and weights."""
 
-    def __init__(self, local: LocalDerivatives, like: Tensor):
-        steps, n, k_plus_2, d = local.c_from_gates.shape
+    def __init__(self, local: LocalDerivatives, like: Tensor, rows: Sequence[int]):
+        kept, k_plus_2, d = local.c_from_gates.shape
+        steps = len(rows)
         self.c_from_gates, self.h_from_output, self.h_from_c, self.c_from_children = (
-            tensor.unbind(0) for tensor in local
+            step_rows(tensor, rows, steps) for tensor in local
         )
-        self.grads = like.new_empty(steps, n, (k_plus_2 + 1) * d)  # (T, N, G)
-        blocks = self.grads.view(steps, n, k_plus_2 + 1, d)
-        self.to_c_part, self.output_part = blocks[:, :, :k_plus_2].unbind(0), blocks[:, :, k_plus_2:].unbind(0)
-        self.flat = self.grads.unbind(0)  # (N, G) each
-        self.dc = like.new_empty(n, 1, d)  # the gradient reaching c at the current step
+        self.grads = like.new_empty(kept, (k_plus_2 + 1) * d)  # (M, G)
+        blocks = self.grads.view(kept, k_plus_2 + 1, d)
+        self.to_c_part = step_rows(blocks[:, :k_plus_2], rows, steps)
+        self.output_part = step_rows(blocks[:, k_plus_2:], rows, steps)
+        self.flat = step_rows(self.grads, rows, steps)  # (rows[t], G) each
+        dc = like.new_empty(max(rows), 1, d)  # the gradient reaching c at the current step
+        self.dc = [dc] * steps if len(set(rows)) == 1 else [dc[:count] for count in rows]
 
     def gates(self, step: int, grad_h: Tensor, grad_c: Tensor) -> Tensor:
-        """grad_h, grad_c (N, 1, D): the step's output gradients -> its pre-activations' gradient (N, G)."""
-        torch.addcmul(grad_c, grad_h, self.h_from_c[step], out=self.dc)
-        torch.mul(self.c_from_gates[step], self.dc, out=self.to_c_part[step])
+        """grad_h, grad_c (rows, 1, D): the step's output gradients -> its pre-activations' gradient (rows, G)."""
+        dc = self.dc[step]
+        torch.addcmul(grad_c, grad_h, self.h_from_c[step], out=dc)
+        torch.mul(self.c_from_gates[step], dc, out=self.to_c_part[step])
         torch.mul(self.h_from_output[step], grad_h, out=self.output_part[step])
         return self.flat[step]
 
     def children(self, step: int, out: Tensor) -> None:
-        """The children's c gradient (N, k, D) of the step `gates` last ran, written into out (which may be
+        """The children's c gradient (rows, k, D) of the step `gates` last ran, written into out (which may be
         the buffer grad_c was read from)."""
-        torch.mul(self.c_from_children[step], self.dc, out=out)
+        torch.mul(self.c_from_children[step], self.dc[step], out=out)
 
 
 class Reduce(GatedCell):

@@ -41,11 +41,14 @@ class EncoderLoop(str, Enum):
     model's own `encoder`, the loop it trains with).
 
     `spec` is the readable loop that autograd differentiates; `fused` the thin stack with its backward
-    written out, every sentence at every step (fixed shapes: training, CUDA graphs); `cpu_inference`
-    computes only the rows that are read, without gradients (CPU evaluation and labelling, int8)."""
+    written out, every sentence at every step (fixed shapes: training, CUDA graphs); `fused_compact` the same
+    loops composing only the REDUCEs of gold transitions, with a node row for each (CPU training: shapes vary
+    by step); `cpu_inference` computes only the rows that are read, without gradients (CPU evaluation and
+    labelling, int8)."""
 
     SPEC = "spec"
     FUSED = "fused"
+    FUSED_COMPACT = "fused_compact"
     CPU_INFERENCE = "cpu_inference"
 
 

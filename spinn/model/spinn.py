@@ -115,8 +115,8 @@ class Encoder(nn.Module):
             raise SpinnError(f"an int8 model runs only for inference on the CPU, not in the {loop.value} loop")
         if loop is EncoderLoop.SPEC:
             return spec.encode(words, self.cells, run)
-        if loop is EncoderLoop.FUSED:
-            return thin_stack_forward.encode(words, self.cells, run)
+        if loop in (EncoderLoop.FUSED, EncoderLoop.FUSED_COMPACT):
+            return thin_stack_forward.encode(words, self.cells, run, compact=loop is EncoderLoop.FUSED_COMPACT)
         return thin_stack_infer.encode(words, self.int8 or thin_stack_infer.Gemms.of(self.cells), self.cells, run)
 
     def run(self, layout: Layout, lengths: Tensor, gold: Gold | None, uniforms: Tensor | None) -> Run:

@@ -21,12 +21,20 @@ sentence computes every step, so all shapes are fixed by (N, L, T) and the
 step can be captured in a CUDA graph; a node that was not a REDUCE is never
 read, and gets no gradient.
 
+The compact variant of the same loops (CPU training on gold transitions) spends
+nothing on those: the plan's compact addresses give a node row only to each
+REDUCE, M in all, so a step composes only its k REDUCEs, gathering their
+children's rows (2, 2k, D) apart from the tracker's h reads (3N, D), and the
+composition's tape and weight gradients run over M rows instead of T x N
+(about a third on SNLI). Shapes then vary by step, which a CPU does not mind.
+
 Addresses come from the run's StepPlan (gold transitions, worked out on the
 host) or, when the model chooses its own transitions, from DeviceStacks, one
 step at a time on the device (spinn/model/addressing.py).
 
 Shapes: N sentences, L words, T steps, R memory rows, D hidden, Dt tracker,
-K = 3 read slots; the memory is (2, R, D): [h plane; c plane].
+K = 3 read slots, M composed nodes (T x N; compact, the REDUCEs), k a step's; the
+memory is (2, R, D): [h plane; c plane].
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from spinn.ground.errors import SpinnError
 from spinn.model.addressing import (
     C_PLANE,
     CHILD_READS,
@@ -46,6 +55,7 @@ from spinn.model.addressing import (
     SLOT_NAMES,
     WORD_BASE,
     ZERO_ROW,
+    CompactNodes,
     DeviceStacks,
 )
 from spinn.model.cells import Reduce, Tracker, per_step
@@ -53,12 +63,13 @@ from spinn.model.encoder_run import EncoderOutput, Run
 from spinn.model.thin_stack_backward import backward
 
 
-def encode(words: Tensor, cells: tuple[Reduce, Tracker | None], run: Run) -> EncoderOutput:
-    """words (N*L, 2D) = [h | c] of every word slot."""
+def encode(words: Tensor, cells: tuple[Reduce, Tracker | None], run: Run, compact: bool = False) -> EncoderOutput:
+    """words (N*L, 2D) = [h | c] of every word slot. compact: a node row only for each REDUCE, composing only
+    those (gold transitions on a CPU; shapes then vary by step, so no CUDA graph can replay it)."""
     reduce, tracker = cells
     tracker_weights = (tracker.linear.weight, tracker.linear.bias) if tracker is not None else (None, None)
     roots, states, *chosen = _Encode.apply(
-        words, reduce.linear.weight, reduce.linear.bias, *tracker_weights, cells, run
+        words, reduce.linear.weight, reduce.linear.bias, *tracker_weights, cells, run, compact
     )
     if run.gold is not None:
         transitions, legal = run.gold.transitions, run.gold.plan.legal
@@ -73,8 +84,9 @@ class _Encode(torch.autograd.Function):
 
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda", cast_inputs=torch.float32)
-    def forward(ctx, words, reduce_weight, reduce_bias, tracker_weight, tracker_bias, cells, run: Run):
-        loop = _Loop(words, cells, run, keep_steps=any(ctx.needs_input_grad[:5]))
+    def forward(ctx, words, reduce_weight, reduce_bias, tracker_weight, tracker_bias, cells, run: Run, compact):
+        nodes = _compact(run, words) if compact else None
+        loop = _Loop(words, cells, run, keep=any(ctx.needs_input_grad[:5]), compact=nodes)
         outputs = loop.forward()  # roots, states, and with a chooser the actions taken and legal
         ctx.loop = loop
         ctx.set_materialize_grads(False)  # states no loss reads (pi) bring None, not a zero tensor to add
@@ -85,7 +97,18 @@ class _Encode(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad_roots, grad_states, *_chosen):
-        return (*backward(ctx.loop, grad_roots, grad_states), None, None)
+        return (*backward(ctx.loop, grad_roots, grad_states), None, None, None)
+
+
+def _compact(run: Run, words: Tensor) -> CompactNodes:
+    """The plan's compact addresses: a CPU plan of gold transitions has them (spinn/model/addressing.py)."""
+    compact = run.gold.plan.compact if run.gold is not None else None
+    if compact is None or words.device.type != "cpu":
+        raise SpinnError(
+            f"the fused_compact loop runs gold transitions on a CPU, not {'gold' if run.gold else 'chosen'}"
+            f" transitions on {words.device.type}"
+        )
+    return compact
 
 
 @dataclass(frozen=True)
@@ -113,23 +136,42 @@ class Weights:
 class _Loop:
     """The forward and backward loops of one encoding, with the buffers they share (the tape)."""
 
-    def __init__(self, words: Tensor, cells: tuple[Reduce, Tracker | None], run: Run, keep_steps: bool):
+    def __init__(
+        self, words: Tensor, cells: tuple[Reduce, Tracker | None], run: Run, keep: bool, compact: CompactNodes | None
+    ):
         self.reduce, self.tracker = cells
-        self.run, self.keep = run, keep_steps
+        self.run, self.keep, self.compact = run, keep, compact
         layout = run.layout
         self.n, self.t_steps = layout.sentences, layout.steps
         self.d = words.shape[1] // 2
         self.dt = self.tracker.width if self.tracker is not None else 0
         self.weights = Weights.of(self.reduce, self.tracker)
-        self.memory = words.new_empty(PLANES, layout.rows, self.d)  # (2, R, D)
+        rows = compact.rows if compact is not None else layout.rows
+        self.memory = words.new_empty(PLANES, rows, self.d)  # (2, R, D)
         self.memory[:, ZERO_ROW].zero_()
         self.memory[:, WORD_BASE : layout.node_base].copy_(words.view(-1, PLANES, self.d).transpose(0, 1))
         self.roots: Tensor | None = None  # (N,) each sentence's root row, once the forward loop ran
-        self._make_tape(words)
+        self._make_tracker_tape(words)
+        if compact is None:
+            self._make_tape(words)
+        else:
+            self._make_compact_tape(words, compact)
 
     # ------------------------------------------------------------------ buffers
 
+    def _make_tracker_tape(self, like: Tensor) -> None:
+        n, steps = self.n, self.t_steps
+        if self.tracker is None:
+            return
+        depth = steps if self.keep else 1
+        self.states = like.new_zeros(steps + 1, n, self.dt)  # (T+1, N, Dt): h before step 0, then after each
+        self.cells = like.new_zeros(depth + 1 if self.keep else 1, n, self.dt)  # c likewise (one deep at inference)
+        self.h = self.states.unbind(0)
+        self.c = self.cells.unbind(0) if self.keep else [self.cells[0]] * (steps + 1)
+        self.tracker_tape = self.tracker.tape(like, [n] * depth, self.h[1:], self.c[1:])
+
     def _make_tape(self, like: Tensor) -> None:
+        """Every sentence composes at every step, into its own node row: the shapes of a CUDA graph."""
         n, d, steps = self.n, self.d, self.t_steps
         depth = steps if self.keep else 1
         self.gathered = like.new_empty(PLANES, depth, READ_SLOTS * n, d)  # (2, T', 3N, D) the rows read
@@ -137,19 +179,41 @@ class _Loop:
         self.reads_h = self.gathered[H_PLANE].view(depth, n, READ_SLOTS * d)  # (T', N, 3D) [buffer | second | top]
         self.tracker_in = per_step(self.reads_h, steps)  # (N, 3D) each
         second = CHILD_READS[0] * d
-        self.children_h = per_step(self.reads_h[:, :, second : second + len(CHILD_READS) * d], steps)  # (N, 2D)
+        children_h = self.reads_h[:, :, second : second + len(CHILD_READS) * d]  # (T', N, 2D)
+        self.children_h = per_step(children_h, steps)  # (N, 2D) each
         slots_c = self.gathered[C_PLANE].view(depth, n, READ_SLOTS, d)  # (T', N, 3, D)
-        self.children_c = slots_c[:, :, CHILD_READS[0] : CHILD_READS[-1] + 1]  # (T', N, 2, D) [left, right]
-        by_child = [per_step(child, steps) for child in self.children_c.unbind(2)]
+        children_c = slots_c[:, :, CHILD_READS[0] : CHILD_READS[-1] + 1]  # (T', N, 2, D) [left, right]
+        by_child = [per_step(child, steps) for child in children_c.unbind(2)]
         self.children_c_steps = list(zip(*by_child, strict=True))  # per step: ((N, D), (N, D))
+        self.children_h_rows = children_h.view(-1, len(CHILD_READS) * d)  # (M, 2D), M = T'N: views, never copies
+        self.children_c_rows = children_c.view(-1, len(CHILD_READS), d)  # (M, 2, D)
+        self.tracking = self.h[1:] if self.tracker is not None else None  # (N, Dt) each
         nodes = self.memory[:, self.run.layout.node_base :].view(PLANES, steps, n, d)  # (2, T, N, D)
-        self.reduce_tape = self.reduce.tape(like, n, depth, nodes[H_PLANE].unbind(0), nodes[C_PLANE].unbind(0))
+        self.reduce_tape = self.reduce.tape(like, [n] * depth, nodes[H_PLANE].unbind(0), nodes[C_PLANE].unbind(0))
+
+    def _make_compact_tape(self, like: Tensor, compact: CompactNodes) -> None:
+        """Only the REDUCEs compose, M in all, each into its own row, step after step; the tracker reads every
+        sentence's h rows (no c), the composition its nodes' children (both planes)."""
+        n, d, steps, counts = self.n, self.d, self.t_steps, compact.counts
+        nodes = len(compact.reducers)  # M
         if self.tracker is not None:
-            self.states = like.new_zeros(steps + 1, n, self.dt)  # (T+1, N, Dt): h before step 0, then after each
-            self.cells = like.new_zeros(depth + 1 if self.keep else 1, n, self.dt)  # c likewise (one deep at inference)
-            self.h = self.states.unbind(0)
-            self.c = self.cells.unbind(0) if self.keep else [self.cells[0]] * (steps + 1)
-            self.tracker_tape = self.tracker.tape(like, n, depth, self.h[1:], self.c[1:])
+            depth = steps if self.keep else 1
+            self.reads_h = like.new_empty(depth, READ_SLOTS * n, d)  # (T', 3N, D) the h rows the tracker reads
+            self.gathered_h = per_step(self.reads_h, steps)
+            self.tracker_in = per_step(self.reads_h.view(depth, n, READ_SLOTS * d), steps)  # (N, 3D) each
+        children = like.new_empty(PLANES, len(CHILD_READS) * nodes, d)  # (2, 2M, D) [left, right] of each node
+        self.gathered_children = children.split([len(CHILD_READS) * count for count in counts], 1)  # (2, 2k, D)
+        self.children_h_rows = children[H_PLANE].view(nodes, len(CHILD_READS) * d)  # (M, 2D)
+        self.children_c_rows = children[C_PLANE].view(nodes, len(CHILD_READS), d)  # (M, 2, D)
+        self.children_h = self.children_h_rows.split(counts)  # (k, 2D) each
+        by_child = [child.split(counts) for child in self.children_c_rows.unbind(1)]
+        self.children_c_steps = list(zip(*by_child, strict=True))  # per step: ((k, D), (k, D))
+        self.child_reads = compact.children.view(-1).split([len(CHILD_READS) * count for count in counts])  # (2k,)
+        self.reducers = compact.reducers.split(counts)  # (k,) each
+        self.tracking_rows = like.new_empty(nodes, self.dt) if self.tracker is not None else None  # (M, Dt)
+        self.tracking = self.tracking_rows.split(counts) if self.tracker is not None else None  # (k, Dt) each
+        planes = self.memory[:, self.run.layout.node_base :]  # (2, M, D)
+        self.reduce_tape = self.reduce.tape(like, counts, planes[H_PLANE].split(counts), planes[C_PLANE].split(counts))
 
     # ------------------------------------------------------------------ forward
 
@@ -159,22 +223,27 @@ class _Loop:
         weights = self.weights.transposed()
         reads = self._read_plan()
         for step in range(self.t_steps):
-            torch.index_select(self.memory, 1, reads(step), out=self.gathered_rows[step])
+            self._gather(step, reads(step))
             if self.tracker is not None:
                 self._track(step, weights)
                 self._choose(step)
             self._compose(step, weights)
-        self.roots = self.run.gold.plan.roots if self.run.gold is not None else self.stacks.roots()
+        self.roots = self._roots()
         h_roots = self.memory[H_PLANE].index_select(0, self.roots)  # (N, D)
         states = self.states[1:].clone() if self.tracker is not None else h_roots.new_empty(0)  # (T, N, Dt)
         if self.run.chooser is None:
             return h_roots, states
         return h_roots, states, self.taken, self.legal
 
+    def _roots(self) -> Tensor:
+        if self.compact is not None:
+            return self.compact.roots
+        return self.run.gold.plan.roots if self.run.gold is not None else self.stacks.roots()
+
     def _read_plan(self) -> Callable[[int], Tensor]:
         """Step -> the (3N,) rows to gather: from the plan, or from the device stacks as the model chooses."""
         if self.run.gold is not None:
-            self.reads = self.run.gold.plan.reads
+            self.reads = self.compact.reads if self.compact is not None else self.run.gold.plan.reads
             per_step_reads = self.reads.view(self.t_steps, READ_SLOTS * self.n).unbind(0)
             return per_step_reads.__getitem__
         device = self.memory.device
@@ -186,6 +255,17 @@ class _Loop:
         per_step_reads = self.reads.view(self.t_steps, READ_SLOTS * self.n).unbind(0)
         return per_step_reads.__getitem__
 
+    def _gather(self, step: int, reads: Tensor) -> None:
+        """The rows the step reads: all three slots of both planes; compact, the tracker's h rows and the
+        composing nodes' children (both planes)."""
+        if self.compact is None:
+            torch.index_select(self.memory, 1, reads, out=self.gathered_rows[step])
+            return
+        if self.tracker is not None:
+            torch.index_select(self.memory[H_PLANE], 0, reads, out=self.gathered_h[step])
+        if self.compact.counts[step]:
+            torch.index_select(self.memory, 1, self.child_reads[step], out=self.gathered_children[step])
+
     def _track(self, step: int, weights: Weights) -> None:
         """The tracker over the gathered rows and its own h: its two GEMMs into the tape, then its step."""
         tape = self.tracker_tape
@@ -195,11 +275,19 @@ class _Loop:
 
     def _compose(self, step: int, weights: Weights) -> None:
         """The composition over the two children (and the tracker's h), written into the step's node rows."""
+        if self.compact is not None and not self.compact.counts[step]:
+            return  # no REDUCE at this step: nothing to compose
         tape = self.reduce_tape
         gates = torch.addmm(self.reduce.bias, self.children_h[step], weights.reduce_children, out=tape.gates[step])
         if weights.reduce_tracking is not None:
-            gates.addmm_(self.h[step + 1], weights.reduce_tracking)
+            gates.addmm_(self._tracking(step), weights.reduce_tracking)
         self.reduce.step(gates, self.children_c_steps[step], tape.out[step])
+
+    def _tracking(self, step: int) -> Tensor:
+        """The tracker's h for the step's composition: every sentence's, or (compact) the composing ones'."""
+        if self.compact is None:
+            return self.tracking[step]
+        return torch.index_select(self.h[step + 1], 0, self.reducers[step], out=self.tracking[step])
 
     def _choose(self, step: int) -> None:
         """With the model's own transitions: pick this step's actions, and work out the next step's reads."""

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from spinn.inference.graphs import WARMUP_STEPS, Graphs
 from spinn.model.batch import Batch
+from spinn.model.config import EncoderLoop, SPINNConfig, TransitionSource
 from spinn.model.precision import autocast
 from spinn.model.spinn import SPINN, Loss, spinn_loss
 from spinn.training.distributed import summed
@@ -98,6 +99,17 @@ class StepOptions:
     clip_norm: float
     amp: bool = False
     graphs: bool = True
+    loop: EncoderLoop | None = None
+    """The encoder loop, where the caller names one; else `training_loop`'s choice for the device."""
+
+
+def training_loop(config: SPINNConfig, device: torch.device) -> EncoderLoop:
+    """The encoder loop a training step runs: a spec model its spec; on a CPU, gold transitions compose only
+    their REDUCEs (about a third of the rows a fixed shape composes; nothing there needs fixed shapes); else
+    the fused loop, every sentence at every step (the shapes a CUDA graph replays)."""
+    if config.loop is EncoderLoop.FUSED and device.type == "cpu" and config.training_source is TransitionSource.GOLD:
+        return EncoderLoop.FUSED_COMPACT
+    return config.loop
 
 
 class TrainStep:
@@ -116,6 +128,7 @@ class TrainStep:
         self.model, self.optimizer, self.schedule, self.options = model, optimizer, schedule, options
         self.network = model if network is None else network  # a compiled module refuses bool() (it has len())
         self.device = next(model.parameters()).device
+        self.loop = options.loop or training_loop(model.config, self.device)
         self.metrics = Accumulators(self.device)
         warmup = DDP_WARMUP_STEPS if self.network is not model else WARMUP_STEPS
         graphed = options.graphs and self.device.type == "cuda"
@@ -139,7 +152,7 @@ class TrainStep:
         self.optimizer.zero_grad(set_to_none=True)
         with autocast(self.device, self.options.amp, self.graphs is not None):
             config = self.model.config
-            output = self.network(batch, source=config.training_source, loop=config.loop)
+            output = self.network(batch, source=config.training_source, loop=self.loop)
             loss = spinn_loss(output, batch, config)
         loss.total.backward()
         torch.nn.utils.clip_grad_norm_(self.optimizer.param_groups[0]["params"], self.options.clip_norm, foreach=True)
