@@ -34,7 +34,7 @@ def bench(as_json: bool, **options: Any) -> None:
     )
     if "ops_per_step" in result:
         click.echo(
-            f"{result['ops_per_transition_step']:.1f} aten ops per transition step "
+            f"{result['ops_per_transition_step']:.1f} aten ops per transition step as a GPU runs the step "
             f"({result['ops_per_step']:.0f} per step of {result['mean_transition_steps']:.1f} transition steps), "
             f"{result['syncs_per_step']:.0f} host syncs per step"
         )
