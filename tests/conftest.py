@@ -32,6 +32,7 @@ from filelock import FileLock
 
 import spinn  # noqa: F401  (before any test loads torch: OpenMP's wait as every spinn process has it)
 from tests.helpers import (
+    FREE_CORES_SEEN,
     PREPARED_DEV_PAIRS,
     SMOKE_REGISTERED,
     SMOKE_TRAINING,
@@ -85,6 +86,16 @@ def server() -> Iterator[LocalServer]:
     """A file server on 127.0.0.1 that the test fills, cuts and inspects (tests/httpserver.py)."""
     with LocalServer() as running:
         yield running
+
+
+@pytest.fixture
+def one_reading_of_free_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both sides of an exact comparison decide `auto` threads from one stubbed reading of the free cores: with
+    another thread count, float32 sums round in another order (probabilities 3e-8 apart, labels equal; a
+    calibration temperature fitted on a flat optimum moves in its last digits)."""
+    from spinn.ground import cores
+
+    monkeypatch.setenv(cores.FREE_CORES_VARIABLE, str(FREE_CORES_SEEN))
 
 
 @pytest.fixture(scope="session", autouse=True)

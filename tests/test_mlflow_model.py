@@ -27,7 +27,6 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from spinn.ground import cores
 from spinn.labeling.label import label
 from spinn.labeling.label_settings import PROBABILITY_COLUMNS, LabelSettings
 from spinn.serving.pyfunc import OUTPUT_COLUMNS
@@ -40,7 +39,6 @@ from spinn.tracking.register import (
     SELECTION_METRIC,
 )
 from tests.helpers import (
-    FREE_CORES_SEEN,
     RELEASE,
     assert_the_thread_rule_ran,
     register_as_release_0_1_0,
@@ -153,13 +151,6 @@ def assert_same_rows(served: pd.DataFrame, labelled: pd.DataFrame, pairs: pd.Dat
         assert served[column].tolist() == labelled[column].tolist(), column
     for column in PROBABILITY_COLUMNS:  # spinn label stores float32
         numpy.testing.assert_array_equal(served[column].to_numpy(numpy.float32), labelled[column].to_numpy())
-
-
-@pytest.fixture
-def one_reading_of_free_cores(monkeypatch) -> None:
-    """Both sides of a row-for-row comparison decide `auto` threads from one stubbed reading of the free cores:
-    with another thread count, float32 sums round in another order (probabilities 3e-8 apart, labels equal)."""
-    monkeypatch.setenv(cores.FREE_CORES_VARIABLE, str(FREE_CORES_SEEN))
 
 
 @pytest.mark.usefixtures("one_reading_of_free_cores")

@@ -186,6 +186,7 @@ def test_alias_moves_only_to_a_better_model(prepared, workdir):
     assert not worse.promoted and worse.model_version == "2"
 
 
+@pytest.mark.usefixtures("one_reading_of_free_cores")
 def test_evaluate_from_checkpoint_and_registry_agree(prepared, workdir):
     result = train(
         prepared / "train.parquet",
