@@ -217,6 +217,7 @@ def wait_until_up(server: subprocess.Popen, url: str) -> None:
     pytest.fail(f"mlflow models serve did not answer /ping within {SERVER_START_S} s")
 
 
+@pytest.mark.usefixtures("one_reading_of_free_cores")
 def test_mlflow_models_serve_answers_invocations(smoke_model, store, pairs, tmp_path, no_proxy):
     port = free_port()
     command = [str(MLFLOW), "models", "serve", "-m", model_uri(smoke_model), "--env-manager", "local"]
