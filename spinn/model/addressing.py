@@ -31,6 +31,7 @@ REDUCE:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -84,6 +85,29 @@ class CompactNodes:
     reads: Tensor  # (T, N, 3) long: the plan's reads, node rows renamed
     roots: Tensor  # (N,) long
     rows: int  # R' = N*L + M + 1: the memory's rows
+
+
+def child_counts(counts: list[int]) -> list[int]:
+    """The children's rows each step of a compact loop reads: [left, right] of each of its nodes."""
+    return [len(CHILD_READS) * count for count in counts]
+
+
+class ChildRows(NamedTuple):
+    """One (2, 2M, D) buffer of the compact loop's nodes' [left, right] children, both planes (what the forward
+    gathers and the backward scatters), and its views, cut once."""
+
+    both: tuple[Tensor, ...]  # (2, 2k, D) per step: a step's gather or scatter-add, both planes in one op
+    h: tuple[Tensor, ...]  # (k, 2D) per step: [left | right] h, a GEMM's operand or output
+    c: tuple[Tensor, ...]  # (k, 2, D) per step: [left, right] c
+    h_rows: Tensor  # (M, 2D)
+    c_rows: Tensor  # (M, 2, D)
+
+    @classmethod
+    def of(cls, like: Tensor, counts: list[int], d: int) -> ChildRows:
+        buffer = like.new_empty(PLANES, len(CHILD_READS) * sum(counts), d)  # (2, 2M, D)
+        h_rows = buffer[H_PLANE].view(-1, len(CHILD_READS) * d)  # (M, 2D)
+        c_rows = buffer[C_PLANE].view(-1, len(CHILD_READS), d)  # (M, 2, D)
+        return cls(buffer.split(child_counts(counts), 1), h_rows.split(counts), c_rows.split(counts), h_rows, c_rows)
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,17 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from spinn.model.addressing import C_PLANE, CHILD_READS, H_PLANE, PLANES, READ_SLOTS, SLOT_NAMES, WORD_BASE
-from spinn.model.cells import Reduce, Tracker
+from spinn.model.addressing import (
+    C_PLANE,
+    CHILD_READS,
+    H_PLANE,
+    PLANES,
+    READ_SLOTS,
+    SLOT_NAMES,
+    WORD_BASE,
+    ChildRows,
+)
+from spinn.model.cells import Reduce, Tracker, step_rows
 
 if TYPE_CHECKING:
     from spinn.model.thin_stack_forward import _Loop
@@ -47,9 +56,8 @@ class _Gradients:
         self.memory = torch.zeros_like(loop.memory)  # (2, R, D)
         if grad_roots is not None:
             self.memory[H_PLANE].index_add_(0, loop.roots, grad_roots)
-        counts = loop.reduce_tape.rows
         nodes = self.memory[:, loop.run.layout.node_base :].unsqueeze(2)  # (2, M, 1, D)
-        self.node_h, self.node_c = (plane.split(counts[0] if self.compact is None else counts) for plane in nodes)
+        self.node_h, self.node_c = (step_rows(plane, loop.reduce_tape.rows, steps) for plane in nodes)  # (k, 1, D)
         self.reduce = loop.reduce.backward_buffers(loop.reduce_tape, loop.children_c_rows)
         if self.compact is None:
             self._scatter_all_reads(loop)
@@ -90,10 +98,8 @@ class _Gradients:
             self.memory_h = self.memory[H_PLANE]  # (R, D)
             self.reads_h = loop.memory.new_empty(n, READ_SLOTS * d)  # (N, 3D) one step's tracker inputs
             self.flat_rows = self.reads_h.view(READ_SLOTS * n, d)  # (3N, D)
-        children = loop.memory.new_empty(PLANES, loop.children_c_rows.shape[0] * len(CHILD_READS), d)  # (2, 2M, D)
-        self.child_grads = children.split([len(CHILD_READS) * count for count in counts], 1)  # (2, 2k, D) each
-        self.children_h = children[H_PLANE].view(-1, len(CHILD_READS) * d).split(counts)  # (k, 2D) each
-        self.children_c = children[C_PLANE].view(-1, len(CHILD_READS), d).split(counts)  # (k, 2, D) each
+        children = ChildRows.of(loop.memory, counts, d)  # laid out as the forward gathered them
+        self.child_grads, self.children_h, self.children_c = children.both, children.h, children.c
 
     def step(self, step: int) -> None:
         """One step in reverse: the composition's gate gradients, then the tracker's, then the gathered rows'."""

@@ -55,8 +55,10 @@ from spinn.model.addressing import (
     SLOT_NAMES,
     WORD_BASE,
     ZERO_ROW,
+    ChildRows,
     CompactNodes,
     DeviceStacks,
+    child_counts,
 )
 from spinn.model.cells import Reduce, Tracker, per_step
 from spinn.model.encoder_run import EncoderOutput, Run
@@ -195,20 +197,18 @@ class _Loop:
         """Only the REDUCEs compose, M in all, each into its own row, step after step; the tracker reads every
         sentence's h rows (no c), the composition its nodes' children (both planes)."""
         n, d, steps, counts = self.n, self.d, self.t_steps, compact.counts
-        nodes = len(compact.reducers)  # M
+        nodes = compact.reducers.shape[0]  # M
         if self.tracker is not None:
             depth = steps if self.keep else 1
             self.reads_h = like.new_empty(depth, READ_SLOTS * n, d)  # (T', 3N, D) the h rows the tracker reads
             self.gathered_h = per_step(self.reads_h, steps)
             self.tracker_in = per_step(self.reads_h.view(depth, n, READ_SLOTS * d), steps)  # (N, 3D) each
-        children = like.new_empty(PLANES, len(CHILD_READS) * nodes, d)  # (2, 2M, D) [left, right] of each node
-        self.gathered_children = children.split([len(CHILD_READS) * count for count in counts], 1)  # (2, 2k, D)
-        self.children_h_rows = children[H_PLANE].view(nodes, len(CHILD_READS) * d)  # (M, 2D)
-        self.children_c_rows = children[C_PLANE].view(nodes, len(CHILD_READS), d)  # (M, 2, D)
-        self.children_h = self.children_h_rows.split(counts)  # (k, 2D) each
+        children = ChildRows.of(like, counts, d)
+        self.gathered_children = children.both
+        self.children_h_rows, self.children_c_rows, self.children_h = children.h_rows, children.c_rows, children.h
         by_child = [child.split(counts) for child in self.children_c_rows.unbind(1)]
         self.children_c_steps = list(zip(*by_child, strict=True))  # per step: ((k, D), (k, D))
-        self.child_reads = compact.children.view(-1).split([len(CHILD_READS) * count for count in counts])  # (2k,)
+        self.child_reads = compact.children.view(-1).split(child_counts(counts))  # (2k,) each: [left, right] rows
         self.reducers = compact.reducers.split(counts)  # (k,) each
         self.tracking_rows = like.new_empty(nodes, self.dt) if self.tracker is not None else None  # (M, Dt)
         self.tracking = self.tracking_rows.split(counts) if self.tracker is not None else None  # (k, Dt) each
