@@ -31,11 +31,13 @@ from tests.helpers import (
     running,
     thread_decisions,
     thread_rule_env,
+    wait_for,
 )
 
 pytestmark = pytest.mark.integration
 
 BIN = Path(sys.executable).parent
+KILLED_WITHIN_S = 60
 SETTINGS = [
     "model.variant=pi",
     *TINY_MODEL_SETTINGS,
@@ -206,18 +208,12 @@ def test_killing_every_rank_after_a_checkpoint_then_resuming_is_exact(project, t
     os.killpg(job.pid, signal.SIGKILL)
     kill_if_running(processes)  # every rank at once, as a machine that fails ends them
     job.wait()
-    _wait_until_ended(processes)  # a killed rank lets go of the output's lock as it ends, not before
+    # a killed rank lets go of the output's lock as it ends, not before
+    wait_for(lambda: not any(map(running, processes)), KILLED_WITHIN_S, "the killed job's processes ending")
     assert 0 < step < TWO_RANK_STEPS, f"the job was killed at step {step}, not in the middle"
     resume = ("--set", f"max_steps={TWO_RANK_STEPS}", "--set", "processes=2", "--no-register", "--resume")
     run(project, "killed", *resume)
     assert_same_weights(project / "two" / "last.pt", last, 0.0)
-
-
-def _wait_until_ended(pids: list[int], seconds: float = 60) -> None:
-    deadline = time.monotonic() + seconds
-    while any(running(pid) for pid in pids):
-        assert time.monotonic() < deadline, f"still running {seconds} s after SIGKILL: {list(filter(running, pids))}"
-        time.sleep(0.02)
 
 
 def _wait_for_checkpoint(path: Path, job: subprocess.Popen, at_least: int = 10) -> int:
