@@ -35,6 +35,8 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 PARENT_POLL_S = 0.5
@@ -54,6 +56,8 @@ GO_BETWEENS = frozenset(
 )
 """Programs that run a command for whoever started them and wait for it (shells, and wrappers that do not exec
 it): a command's real starter is above them."""
+INTERRUPTS = (signal.SIGINT, signal.SIGHUP)
+"""Ctrl-C, and the hang-up that stops an orphaned command: what `deferred_interrupts` holds back."""
 
 _armed: list[int] = []
 """The processes this one watches (`lineage`), once armed (a command runs in-process many times in tests)."""
@@ -138,6 +142,33 @@ def _gone() -> int | None:
 
 def _hang_up(_signum: int, _frame) -> None:
     raise Hangup
+
+
+@contextmanager
+def deferred_interrupts() -> Iterator[None]:
+    """Hold Ctrl-C and the hang-up back until the block ends, then let the first one act as it would have.
+
+    For a write that an interrupt would tear: torch.save's writer, interrupted mid-record, closes with its own
+    RuntimeError ("unexpected pos"), which replaces the interrupt, so the command died with a traceback instead
+    of stopping cleanly. Signal handlers run in the main thread only, so elsewhere nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    arrived: list[int] = []
+
+    def note(number: int, _frame) -> None:
+        arrived.append(number)
+
+    # a handler not set from Python (None) could not be put back: that signal is not held
+    held = [number for number in INTERRUPTS if signal.getsignal(number) is not None]
+    handlers = {number: signal.signal(number, note) for number in held}
+    try:
+        yield
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])  # its own handler now: an exception, the default action, or nothing
 
 
 def _stop_with(main: int) -> None:

@@ -19,6 +19,7 @@ from typing import Any, Self
 
 import torch
 
+from spinn.ground.children import deferred_interrupts
 from spinn.ground.errors import SpinnError, refused_checkpoint
 from spinn.ground.io import atomic_path
 from spinn.ground.paths import refuse_special_file
@@ -112,9 +113,10 @@ def _field_values(record: Checkpoint) -> dict[str, Any]:
 
 
 def save_checkpoint(path: Path, checkpoint: Checkpoint) -> Path:
-    """Write the checkpoint atomically: a crash leaves the previous file intact."""
+    """Write the checkpoint atomically: a crash leaves the previous file intact, and an interrupt (Ctrl-C, an
+    orphaned command's hang-up) arriving as it is written stops the command once it is published."""
     path = Path(path)
-    with atomic_path(path) as temporary, temporary.open("wb") as stream:
+    with deferred_interrupts(), atomic_path(path) as temporary, temporary.open("wb") as stream:
         # A Python file, not a path: torch then reports a full disk as the OSError it is, where its own
         # writer says only "unexpected pos".
         torch.save(checkpoint.to_dict(), stream)
