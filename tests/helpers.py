@@ -27,8 +27,10 @@ import torch
 
 from spinn.data.example import Example
 from spinn.data.pairs import corpus_vocabulary, encode_pairs, read_raw_pairs
+from spinn.data.vocab import Vocabulary
 from spinn.ground import cores
 from spinn.model.batch import Batch, make_batch
+from spinn.model.checkpoint import Checkpoint
 from spinn.model.config import TREE_VARIANTS, SPINNConfig, TransitionSource
 from spinn.model.policy import draw_uniforms
 from spinn.model.spinn import SPINN, random_vectors
@@ -509,6 +511,18 @@ def synthetic_batch(pairs: int = 10, vocab_size: int = 30, longest: int = 9, see
 
     examples = [Example(*sentence(), *sentence(), rng.randrange(3)) for _ in range(pairs)]
     return make_batch(examples), vocab_size
+
+
+TINY_WORDS = ("<pad>", "<unk>", "a", "dog", "runs", "cat", "sleeps", ".")
+"""The vocabulary of an untrained checkpoint: enough for "A dog runs." and "A cat sleeps."."""
+
+
+def untrained_checkpoint(config: SPINNConfig, step: int = 0) -> Checkpoint:
+    """A checkpoint of an untrained model of `config` over TINY_WORDS (random vectors), for tests that need a
+    model file, not what it learned."""
+    vocabulary = Vocabulary(TINY_WORDS, (0,) * len(TINY_WORDS), True, 1).to_json()
+    model = SPINN(config, random_vectors(len(TINY_WORDS), config.d_embed))
+    return Checkpoint(model.state_dict(), config.to_dict(), vocabulary, step)
 
 
 def tiny_model(variant: str, vocab_size: int, **config) -> SPINN:

@@ -9,14 +9,11 @@ import signal
 import pytest
 import torch
 
-from spinn.data.vocab import Vocabulary
 from spinn.ground import children
 from spinn.model.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from spinn.model.config import SPINNConfig
-from spinn.model.spinn import SPINN, random_vectors
-from tests.helpers import TINY
+from tests.helpers import TINY, untrained_checkpoint
 
-WORDS = ["<pad>", "<unk>", "a", "dog", "runs"]
 TEARING_WRITE = 3
 """The stream write during which the interrupt arrives: past torch's first record, inside its data."""
 
@@ -26,10 +23,7 @@ def raise_hangup(_number, _frame):
 
 
 def tiny_checkpoint(step: int) -> Checkpoint:
-    vocabulary = Vocabulary(tuple(WORDS), (0,) * len(WORDS), True, 1).to_json()
-    config = SPINNConfig(variant="spinn", **TINY)
-    model = SPINN(config, random_vectors(len(WORDS), config.d_embed))
-    return Checkpoint(model.state_dict(), config.to_dict(), vocabulary, step)
+    return untrained_checkpoint(SPINNConfig(variant="spinn", **TINY), step)
 
 
 class InterruptedStream:

@@ -15,14 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from spinn.data.vocab import Vocabulary
-from spinn.model.checkpoint import Checkpoint, save_checkpoint
+from spinn.model.checkpoint import save_checkpoint
 from spinn.model.config import SPINNConfig
-from spinn.model.spinn import SPINN, random_vectors
-from tests.helpers import TINY
+from tests.helpers import TINY, untrained_checkpoint
 
 HEAVY = ("mlflow", "prefect", "stanza")
-WORDS = ["<pad>", "<unk>", "a", "dog", "runs", "cat", "sleeps", "."]
 RUN = """
 import json, sys
 from spinn.cli import main
@@ -35,10 +32,8 @@ finally:
 
 @pytest.fixture
 def checkpoint(tmp_path: Path) -> Path:
-    vocabulary = Vocabulary(tuple(WORDS), (0,) * len(WORDS), True, 1).to_json()
     config = SPINNConfig(variant="spinn", **{**TINY, "use_batch_norm": False})
-    model = SPINN(config, random_vectors(len(WORDS), config.d_embed))
-    return save_checkpoint(tmp_path / "model.pt", Checkpoint(model.state_dict(), config.to_dict(), vocabulary, 0))
+    return save_checkpoint(tmp_path / "model.pt", untrained_checkpoint(config))
 
 
 @pytest.mark.parametrize("options", [[], ["--int8"]], ids=["fp32", "int8"])

@@ -16,14 +16,23 @@ import torch
 from click.testing import CliRunner
 
 from spinn.cli import main
-from spinn.data.vocab import Vocabulary
 from spinn.ground.errors import SpinnError
 from spinn.inference.infer_step import InferStep
 from spinn.model.batch import Batch
-from spinn.model.checkpoint import Checkpoint, save_checkpoint
+from spinn.model.checkpoint import save_checkpoint
 from spinn.model.config import EncoderLoop, SPINNConfig, TransitionSource
 from spinn.model.spinn import SPINN, SPINNOutput, random_vectors
-from tests.helpers import CASE_IDS, CASES, TINY, TOLERANCE, dev_batch, synthetic_batch, tiny_model, uniforms_for
+from tests.helpers import (
+    CASE_IDS,
+    CASES,
+    TINY,
+    TOLERANCE,
+    dev_batch,
+    synthetic_batch,
+    tiny_model,
+    uniforms_for,
+    untrained_checkpoint,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -96,11 +105,8 @@ def test_an_int8_model_runs_in_no_other_loop(loop):
 
 def test_int8_on_a_spec_model_is_refused_with_one_error_line(tmp_path: Path):
     """A spec model's loop has no int8 GEMMs: `spinn label --int8` says so instead of labelling in fp32."""
-    words = ["<pad>", "<unk>", "a", "dog", "runs", "cat", "sleeps", "."]
     config = SPINNConfig(variant="spinn", encoder="spec", **TINY)
-    model = SPINN(config, random_vectors(len(words), config.d_embed))
-    vocabulary = Vocabulary(tuple(words), (0,) * len(words), True, 1).to_json()
-    checkpoint = save_checkpoint(tmp_path / "model.pt", Checkpoint(model.state_dict(), config.to_dict(), vocabulary, 0))
+    checkpoint = save_checkpoint(tmp_path / "model.pt", untrained_checkpoint(config))
     source = tmp_path / "pairs.csv"
     with source.open("w", newline="") as out:
         csv.writer(out).writerows([["premise", "hypothesis"], ["A dog runs.", "A cat sleeps."]])
