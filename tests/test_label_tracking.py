@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +31,8 @@ from spinn.tracking.links import ui_page, ui_url
 from tests.helpers import smoke_pairs
 
 TOLERANCE = 1e-6
+CLOCK_SLACK_S = 0.01
+"""The wall clock the start is read on against the monotonic one durations are read on."""
 BAD_LINES = ['{"id": "broken", "premise": ', json.dumps({"id": "empty", "premise": " ", "hypothesis": "A dog ."})]
 """Two rows the reader rejects (malformed_json, empty_sentence): the rejects-by-reason metrics count them."""
 
@@ -159,6 +162,10 @@ def test_total_variation_distance():
     assert total_variation({"a": 0.6, "b": 0.4}, {"a": 0.3, "b": 0.7}) == pytest.approx(0.3)
 
 
+SUMMARY_STARTED_AT = 1_795_000_000.0
+"""When the hand-made summaries' run began (2026-11-18, seconds since the epoch)."""
+
+
 def summary_of(labels: list[str], top: list[float], dev_shares: dict[str, float] | None) -> LabelSummary:
     counts = PredictionCounts()
     counts.labels.update(labels)
@@ -179,6 +186,7 @@ def summary_of(labels: list[str], top: list[float], dev_shares: dict[str, float]
         tokens=10 * 2 * len(labels),
         unknown_tokens=len(labels),
         seconds=2.0,
+        started_at=SUMMARY_STARTED_AT,
         predicted=counts,
         dev_shares=dev_shares,
     )
@@ -211,9 +219,7 @@ def test_ui_links_open_the_model_training_view():
 
 def test_a_version_that_is_a_logged_model_is_an_input_of_the_label_run(smoke_model, store):
     """A version registered from an MLflow 3 logged model: the label run records that model as its input, and
-    its id as a param and a tag; the run starts when the labelling started, so the UI shows its duration."""
-    import time
-
+    its id as a param and a tag."""
     from spinn.labeling.track import log_label_run
 
     training = client(store).get_model_version("label-test", "1").run_id
@@ -221,12 +227,26 @@ def test_a_version_that_is_a_logged_model_is_an_input_of_the_label_run(smoke_mod
     logged = client(store).create_logged_model(experiment, name="spinn", source_run_id=training)
     version = mlflow.register_model(f"models:/{logged.model_id}", "label-test")
     summary = replace(summary_of(["neutral"] * 4, [0.8] * 4, None), model=f"models:/label-test/{version.version}")
-    before = time.time()
 
     tracked = log_label_run(summary, LabelSettings())
     run = client(store).get_run(tracked.run_id)
     assert [found.model_id for found in run.inputs.model_inputs] == [logged.model_id]
     assert run.data.params["model_id"] == logged.model_id == run.data.tags["spinn.model_id"]
     assert run.info.run_name == f"label pairs with label-test/{version.version}"
-    assert run.info.start_time <= (before - summary.seconds) * 1000 + 1000
     assert run.data.tags["mlflow.source.type"] == "LOCAL"
+
+
+def test_a_label_run_starts_in_mlflow_when_the_labelling_began(smoke_model, store, tmp_path):
+    """The run's start is the instant `label()` began, not the moment it was logged (MLflow's calls before it
+    took seconds on busy cores): the UI shows the labelling's own duration."""
+    from spinn.labeling.label import label
+    from spinn.labeling.track import log_label_run
+
+    settings = LabelSettings(parser="model", device="cpu")
+    before = time.time()
+    summary = label(pairs_file(smoke_model, tmp_path), smoke_model.checkpoint, tmp_path / "out.parquet", settings)
+    after = time.time()
+    assert before <= summary.started_at and summary.started_at + summary.seconds <= after + CLOCK_SLACK_S
+
+    run = client(store).get_run(log_label_run(summary, settings).run_id)
+    assert run.info.start_time == round(summary.started_at * 1000)

@@ -89,7 +89,7 @@ def label(
     progress: bars on stderr with pairs/s for the parse and model phases (shards run in this process).
     replace: an output or parts folder that another run's arguments made is labelled anew instead of refused
     (the inbox flow's: an inbox file that comes back changed is a new version of the same input)."""
-    started = time.perf_counter()
+    started_at, started = time.time(), time.perf_counter()  # the clock the UI shows; the one durations take
     settings = settings or LabelSettings()
     input_path, output = Path(input_path), Path(output)
     source = ModelSource(model_reference)  # an alias resolved once: the version every output row names
@@ -119,6 +119,7 @@ def label(
         label_scheme=over_sidecar(input_path, settings.columns).label_scheme,  # the sidecar's, unless named
         max_tokens=settings.parsing.max_tokens,
         seconds=time.perf_counter() - started,
+        started_at=started_at,
     )
     check_some_labelled(summary)
     if (unscored := summary.gold_warning()) is not None:

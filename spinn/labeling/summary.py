@@ -114,6 +114,9 @@ class LabelSummary:
     reasons: dict[str, int]
     parse_seconds: float
     model_seconds: float
+    started_at: float
+    """When the run began, in seconds since the epoch: its MLflow run starts there, so the UI shows the
+    labelling's own duration (not the moment it was logged, which a busy store delays)."""
     tokens: int = 0
     unknown_tokens: int = 0
     seconds: float = 0.0

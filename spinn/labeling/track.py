@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,7 +104,7 @@ def log_label_run(summary: LabelSummary, settings: LabelSettings) -> TrackedRun 
     version = links.model_version_facts(summary.model)
     name = summary.input.name if summary.input else "pairs"
     run_name = f"label {name} with {_short_model(summary.model, version)}"
-    with links.run_started_at(LABELING_EXPERIMENT, run_name, time.time() - summary.seconds) as run_id:
+    with links.run_started_at(LABELING_EXPERIMENT, run_name, summary.started_at) as run_id:
         tracking.log_params(_params(summary, settings, version))
         tracking.set_tags(_tags(summary, version, tracking.git_commit()))
         tracking.log_metrics(label_metrics(summary), step=0)
