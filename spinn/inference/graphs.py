@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -31,6 +32,12 @@ WARMUP_STEPS = 2
 """Eager steps of a shape before it is captured (lazy state: optimizer buffers, library workspaces)."""
 MAX_GRAPHS = 64
 """Shapes captured at most; further shapes run eagerly (each graph holds its own activations)."""
+CAPTURE_MODE = "thread_local"
+"""Other threads' calls do not fail a capture (nccl's watchdog queries its events while the step is captured);
+threads of ours that launch CUDA work wait for CAPTURING instead."""
+CAPTURING = threading.Lock()
+"""Held while a graph is captured. The loader thread takes it around its pins, allocations and copies: a CUDA
+call of another thread during a capture invalidates that capture."""
 REASON_CHARS = 300
 """A refused capture's reason is the start of its error's first line."""
 
@@ -103,20 +110,34 @@ class Graphs:
     def _capture(self, key: tuple, batch: Batch) -> Any:
         static = clone_batch(batch)
         graph = torch.cuda.CUDAGraph()
+        stream = torch.cuda.current_stream(self.device)
         started = time.perf_counter()
         try:
-            with torch.cuda.graph(graph, pool=self.pool):
+            with CAPTURING, torch.cuda.graph(graph, pool=self.pool, capture_error_mode=CAPTURE_MODE):
                 output = self.function(static)
         except Exception as error:  # an op that cannot be captured: say so once, run this shape eagerly
             self.capture_seconds += time.perf_counter() - started
             LOG.warning("CUDA graph capture failed for batch shape %s (%s); running it eagerly", key[0], error)
             self.refused[key] = refusal(error)
-            torch.cuda.synchronize(self.device)
+            self._end_failed_capture(stream)
             return self.function(batch)
         self.capture_seconds += time.perf_counter() - started
         self.captured[key] = (graph, static, output)
         graph.replay()
         return output
+
+    def _end_failed_capture(self, stream: torch.cuda.Stream) -> None:
+        """Undo what a failed capture leaves behind: torch ends a capture only when it succeeds, so the capture's
+        side stream stays current, the memory pool stays open to it (a later capture into that pool is refused)
+        and the CUDA random generators stay in capture mode (the next eager dropout then fails with "Offset
+        increment outside graph capture"). Later captures go to a new pool, and a capture of one small op that
+        succeeds ends the generators' capture mode."""
+        torch.cuda.set_stream(stream)
+        torch.cuda.synchronize(self.device)
+        self.pool = torch.cuda.graph_pool_handle()
+        closing = torch.cuda.CUDAGraph()
+        with CAPTURING, torch.cuda.graph(closing, pool=self.pool, capture_error_mode=CAPTURE_MODE):
+            torch.zeros(1, device=self.device)
 
     def report(self) -> dict[str, Any]:
         """What became of the shapes run so far (shape_report)."""

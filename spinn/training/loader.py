@@ -15,7 +15,7 @@ from collections.abc import Iterator, Sequence
 import torch
 
 from spinn.data.example import Example
-from spinn.inference.graphs import batch_tensors
+from spinn.inference.graphs import CAPTURING, batch_tensors
 from spinn.model.batch import Batch
 from spinn.training.distributed import SINGLE, Topology, make_share
 
@@ -69,7 +69,7 @@ def _make(examples, order, device: torch.device, topology: Topology, ready: queu
 def _to_device(batch: Batch, device: torch.device, stream) -> tuple[Batch, object]:
     if stream is None:
         return batch.to(device), None
-    with torch.cuda.stream(stream):
+    with CAPTURING, torch.cuda.stream(stream):  # not while the model's step is being captured
         moved = batch.pin_memory().to(device, non_blocking=True)
         copied = torch.cuda.Event()
         copied.record(stream)
