@@ -32,9 +32,6 @@ WARMUP_STEPS = 2
 """Eager steps of a shape before it is captured (lazy state: optimizer buffers, library workspaces)."""
 MAX_GRAPHS = 64
 """Shapes captured at most; further shapes run eagerly (each graph holds its own activations)."""
-CAPTURE_MODE = "thread_local"
-"""Other threads' calls do not fail a capture (nccl's watchdog queries its events while the step is captured);
-threads of ours that launch CUDA work wait for CAPTURING instead."""
 CAPTURING = threading.Lock()
 """Held while a graph is captured. The loader thread takes it around its pins, allocations and copies: a CUDA
 call of another thread during a capture invalidates that capture."""
@@ -113,7 +110,7 @@ class Graphs:
         stream = torch.cuda.current_stream(self.device)
         started = time.perf_counter()
         try:
-            with CAPTURING, torch.cuda.graph(graph, pool=self.pool, capture_error_mode=CAPTURE_MODE):
+            with CAPTURING, torch.cuda.graph(graph, pool=self.pool):
                 output = self.function(static)
         except Exception as error:  # an op that cannot be captured: say so once, run this shape eagerly
             self.capture_seconds += time.perf_counter() - started
@@ -136,7 +133,7 @@ class Graphs:
         torch.cuda.synchronize(self.device)
         self.pool = torch.cuda.graph_pool_handle()
         closing = torch.cuda.CUDAGraph()
-        with CAPTURING, torch.cuda.graph(closing, pool=self.pool, capture_error_mode=CAPTURE_MODE):
+        with CAPTURING, torch.cuda.graph(closing, pool=self.pool):
             torch.zeros(1, device=self.device)
 
     def report(self) -> dict[str, Any]:
