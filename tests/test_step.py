@@ -178,6 +178,20 @@ def test_a_capturable_optimizer_gets_its_rate_tensor_back():
     group["capturable"], group["lr"] = True, 0.5  # as a CUDA optimizer after loading a 0.1 state
     set_rate(step.optimizer, 0.25)
     assert isinstance(group["lr"], torch.Tensor) and group["lr"].item() == 0.25
+    kept = group["lr"]
+    set_rate(step.optimizer, 0.125)
+    assert group["lr"] is kept and kept.item() == 0.125  # in place: the tensor a captured graph reads
+
+
+def test_a_capturable_optimizer_takes_its_rate_back_to_its_device():
+    """A CUDA run's checkpoint is loaded on the CPU, so its rate comes back as a tensor on another device than
+    the parameters (here the meta device stands for the CPU, the CPU for CUDA): set_rate moves it home."""
+    step = trainer("pi", 20)
+    group = step.optimizer.param_groups[0]
+    group["capturable"], group["lr"] = True, torch.tensor(0.5, device="meta")
+    set_rate(step.optimizer, 0.25)
+    rate = group["lr"]
+    assert rate.device == group["params"][0].device and rate.dtype == torch.float32 and rate.item() == 0.25
 
 
 def test_the_loader_makes_the_same_batches_ahead_of_the_model(snli_dev):

@@ -54,20 +54,28 @@ def make_optimizer(
     rate would be read back with .item() at every step there)."""
     trainable = [parameter for parameter in model.parameters() if parameter.requires_grad]
     capturable = device.type == "cuda"
-    rate = torch.tensor(schedule.rate(0), device=device) if capturable else schedule.rate(0)
+    rate = rate_tensor(schedule.rate(0), device) if capturable else schedule.rate(0)
     return torch.optim.RMSprop(trainable, lr=rate, weight_decay=weight_decay, foreach=True, capturable=capturable)
 
 
+def rate_tensor(rate: float, device: torch.device) -> Tensor:
+    """A capturable optimizer's learning rate: a float32 scalar on its parameters' device."""
+    return torch.tensor(rate, dtype=torch.float32, device=device)
+
+
 def set_rate(optimizer: torch.optim.Optimizer, rate: float) -> None:
-    """Set the learning rate: in place in a capturable optimizer's tensor (a state restored from a
-    checkpoint may have put a number there: it becomes a tensor again), else as a number."""
+    """Set the learning rate: in place in a capturable optimizer's tensor, else as a number. A state restored
+    from a checkpoint (loaded on the CPU) puts a number or a CPU tensor there: it becomes a tensor on the
+    parameters' device again, as in an uninterrupted run (a graph captured with a CPU rate keeps the value it
+    read at capture, so the schedule's later rates would never reach it)."""
     for group in optimizer.param_groups:
+        device = group["params"][0].device
         if not group.get("capturable"):
             group["lr"] = rate
-        elif isinstance(group["lr"], Tensor):
+        elif isinstance(group["lr"], Tensor) and group["lr"].device == device:
             group["lr"].fill_(rate)
         else:
-            group["lr"] = torch.tensor(rate, device=group["params"][0].device)
+            group["lr"] = rate_tensor(rate, device)
 
 
 class Accumulators:
