@@ -84,6 +84,10 @@ PRELOADED = ("torch", "spinn.bench", "spinn.model.spinn", "spinn.training.loop",
 SEED = 1234
 REASON_CHARS = 200
 """A failed part's error, as the table shows it."""
+REFUSAL_LINE = "CUDA graph capture failed"
+"""How spinn.inference.graphs starts the warning it logs for each shape whose capture failed."""
+TORCHRUN_ERROR_LINES = 80
+"""The end of torchrun's stderr kept in the nccl part's result: the rank's traceback comes before torchrun's own."""
 
 GPU_IMAGE = ("torch", "numpy", "pyarrow", "pytest")
 """What the GPU image has besides the standard library (and these packages' own requirements)."""
@@ -327,6 +331,7 @@ def run_one(
             code = run_with_limit(command, {**environment, **extra}, log, limit)
     result = read_json(result_path) or {"part": part.name}
     result["seconds"] = time.monotonic() - begun
+    result["captures_refused"] = refusals(out / "logs" / f"{part.name}.log")
     result["verdict"] = verdict(result, code, limit)
     if result["verdict"] not in ("ok", "skipped"):
         result["log_tail"] = tail(out / "logs" / f"{part.name}.log")
@@ -455,6 +460,14 @@ def verdict(result: dict[str, Any], code: int | None, limit: float) -> str:
     return "FAILED" if any(passed is False for passed in result.get("checks", {}).values()) else "ok"
 
 
+def refusals(path: Path) -> int:
+    """Shapes whose capture failed in a part's process, as its log says (graphs_train refuses one on purpose)."""
+    try:
+        return sum(line.startswith(REFUSAL_LINE) for line in path.read_text(errors="replace").splitlines())
+    except OSError:
+        return 0
+
+
 def tail(path: Path, lines: int = 30) -> list[str]:
     try:
         return path.read_text(errors="replace").splitlines()[-lines:]
@@ -502,6 +515,8 @@ def render_table(summary: dict[str, Any]) -> str:
 def _figures(result: dict[str, Any]) -> str:
     """A part's summary; for a part that failed, its error first and what it had measured before."""
     measured = result.get("result", {}).get("summary") or result.get("reason") or ""
+    if result.get("captures_refused"):
+        measured += f" [captures refused: {result['captures_refused']}, why in the log]"
     if result["verdict"] in ("ok", "FAILED", "skipped"):
         return measured
     error = (result.get("error") or "").strip().splitlines()
@@ -1110,11 +1125,33 @@ def part_graphs_train(part: Part) -> None:
                 part.check(f"{variant} deterministic", None, refused=str(error).splitlines()[0])
                 continue
             _check_replay(part, variant, exact, graphed, eager)
+    _check_refused_capture(part, batches[0])
     failed = [name for name, passed in part.checks.items() if passed is False]
     part.record(
         summary=f"graphs = eager in {sum(1 for v in part.checks.values() if v)}/{len(part.checks)}"
         + (f"; differ: {', '.join(failed)}" if failed else "")
     )
+
+
+def _check_refused_capture(part: Part, batch) -> None:
+    """A step that cannot be captured (it reads a value to the host) runs eagerly, and its random ops still run
+    after the failed capture: the failure must not leave the generators in capture mode."""
+    import torch
+
+    from spinn.inference.graphs import Graphs
+
+    if part.device.type != "cuda":
+        part.check("a refused capture runs eagerly", None, reason="no CUDA: nothing is captured")
+        return
+
+    def step(static) -> float:
+        dropped = torch.nn.functional.dropout(static.tokens.float(), 0.5)  # (N, L): draws from the generator
+        return dropped.sum().item()
+
+    graphs = Graphs(step, part.device, warmup=0)
+    sums = [graphs.run(batch) for _ in range(2)]
+    refused = graphs.report()["refused"]
+    part.check("a refused capture runs eagerly", len(refused) == 1 and len(sums) == 2, refused=refused)
 
 
 def _two_shapes(batches: list) -> list:
@@ -1444,6 +1481,13 @@ def part_resume(part: Part) -> None:
             part.check(
                 "default: within two straight runs", held, resumed_vs_straight=apart, straight_vs_straight=baseline
             )
+    if part.device.type == "cuda":  # the same pair without graphs: is a difference the graphs' or the device's?
+        with deterministic(True):
+            straight = _resume_run(part, files, "eager-straight", steps, half, graphs=False)
+            _resume_run(part, files, "eager-resumed", half, half, graphs=False)
+            resumed = _resume_run(part, files, "eager-resumed", steps, half, resume=True, graphs=False)
+        apart = relative_differences(resumed, straight)
+        part.check("deterministic, no graphs: bit-identical", apart["bit_equal"], resumed_vs_straight=apart)
     part.record(
         summary=f"{steps} straight against {half} + resume: "
         + ", ".join(
@@ -1452,14 +1496,19 @@ def part_resume(part: Part) -> None:
     )
 
 
-def _resume_run(part: Part, files: Prepared, name: str, steps: int, every: int, resume: bool = False) -> dict:
-    """One training run's weights and optimizer state after it stopped (every tensor, copied to the CPU)."""
+def _resume_run(
+    part: Part, files: Prepared, name: str, steps: int, every: int, resume: bool = False, graphs: bool = True
+) -> dict:
+    """One training run's weights and optimizer state after it stopped (every tensor, copied to the CPU); its
+    logged losses go into the part's result."""
     import gc
 
     import torch
 
-    config = train_config(part, files, "spinn", steps, part.sizes.resume_batch, every)
-    run, state, _ = train_without_tracking(part, files, config, part.work / "resume" / name, resume=resume)
+    config = train_config(part, files, "spinn", steps, part.sizes.resume_batch, every, graphs=graphs)
+    run, state, log = train_without_tracking(part, files, config, part.work / "resume" / name, resume=resume)
+    losses = {f"{step} {key}": value for step, metrics in log.logged for key, value in metrics.items() if "loss" in key}
+    part.record(**{f"losses {name}{' resumed' if resume else ''}": losses})
     tensors = {f"model {key}": value.detach().cpu().clone() for key, value in run.model.state_dict().items()}
     for index, values in run.optimizer.state_dict()["state"].items():
         tensors.update(
@@ -1655,7 +1704,11 @@ def part_nccl(part: Part) -> None:
     command += [str(Path(__file__).resolve()), "--rank-of", "nccl", "--work", str(part.work), "--data", str(part.data)]
     command += ["--dry-run"] if part.dry else []
     finished = subprocess.run(command, capture_output=True, text=True, check=False)
-    part.record(torchrun_exit=finished.returncode, torchrun_output=finished.stdout.splitlines()[-20:])
+    part.record(
+        torchrun_exit=finished.returncode,
+        torchrun_output=finished.stdout.splitlines()[-20:],
+        torchrun_errors=finished.stderr.splitlines()[-TORCHRUN_ERROR_LINES:],
+    )
     if finished.returncode != 0:
         raise RuntimeError(f"torchrun exited {finished.returncode}: {finished.stderr.strip().splitlines()[-5:]}")
     rank = torch.load(folder / "rank0.pt", weights_only=True)
@@ -1669,6 +1722,9 @@ def part_nccl(part: Part) -> None:
         worst=apart["worst"],
         tensor=apart["tensor"],
     )
+    if part.device.type == "cuda":  # equal steps prove little if the distributed one ran eagerly
+        graphs = facts["graphs"]
+        part.check("the distributed step was captured", graphs["captured"] > 0 and not graphs["refused"], **graphs)
     part.record(
         summary=f"{facts['backend']} (torchrun, 1 process; spinn's own setup initialized a group: "
         f"{facts['initialized_by_setup']}) against one process over {len(losses)} steps: worst relative "
