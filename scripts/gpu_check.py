@@ -4,8 +4,8 @@ Parts, each run in a process of its own (a CUDA error or a hang in one cannot ta
 order, each within its own cap and the whole run within a deadline (`--deadline`): a part that fails is
 recorded with its traceback and the next one runs; parts the deadline leaves no time for are "skipped: out of
 time". Every part writes its JSON as it goes, so a part stopped at its cap keeps what it had measured. The
-table comes last; the full results go under --out, else $OUT, else gpu-check/ (parts/<part>.json, logs/,
-gpu_check.json, table.txt).
+table comes last; the results go under --out, else $OUT, else gpu-check/: gpu_check.json, table.txt and
+details.tgz (parts/<part>.json and logs/<part>.log).
 
     device           the card, torch, CUDA and the carried packages
     equality         fused encoder = spec encoder on the device (pi-nt, pi, spinn gold+greedy, rl with fixed
@@ -41,6 +41,7 @@ once by `scripts/gpu_check.sh --prepare` on a machine with pip's registry and bo
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import json
 import os
@@ -51,6 +52,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import tempfile
 import time
 import traceback
@@ -86,6 +88,8 @@ REASON_CHARS = 200
 """A failed part's error, as the table shows it."""
 REFUSAL_LINE = "CUDA graph capture failed"
 """How spinn.inference.graphs starts the warning it logs for each shape whose capture failed."""
+DETAILS = "details"
+"""The packed folder of each part's JSON and log: a device machine sends back only a few files."""
 TORCHRUN_ERROR_LINES = 80
 """The end of torchrun's stderr kept in the nccl part's result: the rank's traceback comes before torchrun's own."""
 
@@ -225,10 +229,12 @@ def run_check(arguments: argparse.Namespace) -> int:
     dry = arguments.dry_run
     data = find_data(arguments.data)
     out = results_folder(arguments.out, os.environ)
-    for folder in (out / "parts", out / "logs"):
-        folder.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     deadline = started + (arguments.deadline or (DRY_DEADLINE_S if dry else FULL_DEADLINE_S))
     work = Path(tempfile.mkdtemp(prefix="spinn-gpu-check-"))
+    details = work / DETAILS
+    for folder in (details / "parts", details / "logs"):
+        folder.mkdir(parents=True)
     environment = part_environment(work, dry)
     chosen = [part for part in PARTS if arguments.only is None or part.name in arguments.only]
     say(started, f"GPU check{' (dry run on the CPU)' if dry else ''}: {len(chosen)} parts, results in {out}")
@@ -236,10 +242,12 @@ def run_check(arguments: argparse.Namespace) -> int:
     forks = PartForks(work, data, environment) if dry else None
     try:
         for part in chosen:
-            results[part.name] = run_one(part, started, deadline, work, out, data, forks, environment, results)
+            results[part.name] = run_one(part, started, deadline, work, details, data, forks, environment, results)
     finally:
         if forks is not None:
             forks.close()
+        with tarfile.open(out / f"{DETAILS}.tgz", "w:gz") as packed:
+            packed.add(details, arcname=DETAILS)
         if arguments.keep:
             say(started, f"work folder kept: {work}")
         else:
@@ -259,7 +267,8 @@ def run_check(arguments: argparse.Namespace) -> int:
 
 
 def results_folder(given: Path | None, environment: dict[str, str]) -> Path:
-    """--out, else $OUT (the device tool's folder that comes back), else gpu-check/ in the checkout."""
+    """--out, else $OUT (the device tool's folder that comes back), else gpu-check/ in the checkout. It gets three
+    files: gpu_check.json (every part's result), table.txt and details.tgz (each part's JSON and log)."""
     return Path(given or environment.get("OUT") or DEFAULT_OUT).resolve()
 
 
@@ -300,7 +309,7 @@ def run_one(
     started: float,
     deadline: float,
     work: Path,
-    out: Path,
+    details: Path,
     data: Path,
     forks: PartForks | None,
     environment: dict[str, str],
@@ -317,24 +326,24 @@ def run_one(
         say(started, f"{part.name}: skipped: out of time")
         return {"part": part.name, "verdict": "skipped", "reason": "out of time", "seconds": 0.0}
     limit = min(part.cap_s, left)
-    result_path = out / "parts" / f"{part.name}.json"
+    result_path = details / "parts" / f"{part.name}.json"
     result_path.unlink(missing_ok=True)
     extra = DETERMINISTIC_ENV if part.deterministic else {}
     say(started, f"{part.name}: running (at most {limit:.0f} s)")
     begun = time.monotonic()
     if forks is not None:
-        code = forks.run(part.name, result_path, out / "logs" / f"{part.name}.log", extra, limit)
+        code = forks.run(part.name, result_path, details / "logs" / f"{part.name}.log", extra, limit)
     else:
         command = [sys.executable, str(Path(__file__).resolve()), "--part", part.name, "--work", str(work)]
         command += ["--result", str(result_path), "--data", str(data)]
-        with open(out / "logs" / f"{part.name}.log", "w") as log:
+        with open(details / "logs" / f"{part.name}.log", "w") as log:
             code = run_with_limit(command, {**environment, **extra}, log, limit)
     result = read_json(result_path) or {"part": part.name}
     result["seconds"] = time.monotonic() - begun
-    result["captures_refused"] = refusals(out / "logs" / f"{part.name}.log")
+    result["captures_refused"] = refusals(details / "logs" / f"{part.name}.log")
     result["verdict"] = verdict(result, code, limit)
     if result["verdict"] not in ("ok", "skipped"):
-        result["log_tail"] = tail(out / "logs" / f"{part.name}.log")
+        result["log_tail"] = tail(details / "logs" / f"{part.name}.log")
     write_json(result_path, result)
     say(started, f"{part.name}: {result['verdict']} ({result['seconds']:.1f} s)")
     return result
@@ -495,7 +504,8 @@ def write_json(path: Path, value: Any) -> None:
 def render_table(summary: dict[str, Any]) -> str:
     """One line per part (verdict, seconds, its figures), the speed rows against their goals, what ran it."""
     parts = summary["parts"]
-    device = parts.get("device", {}).get("result", {})
+    ran = [result.get("machine") for result in parts.values() if result.get("machine")]
+    device = parts.get("device", {}).get("result") or (ran[0] if ran else {})
     title = "GPU check" + (
         " (dry run on the CPU: sizes are the smallest, figures are not speeds)" if summary["dry_run"] else ""
     )
@@ -802,6 +812,7 @@ class Part:
         if self.path is None:
             return
         value = {"part": self.name, "status": self.status, "checks": self.checks, "result": self.result}
+        value["machine"] = machine()  # the table's last line, when the device part did not run
         if self.error:
             value.update(error=self.error, traceback=self.traceback)
         write_json(self.path, value)
@@ -978,28 +989,29 @@ def timed(call: Callable[[], Any], device) -> float:
 # ----------------------------------------------------------------------------- part: device
 
 
+@functools.cache
+def machine() -> dict[str, Any]:
+    """The card (or the CPU), torch, CUDA and Python a part ran with."""
+    import torch
+
+    found = {"torch": torch.__version__, "cuda": torch.version.cuda, "python": platform.python_version()}
+    cuda = torch.cuda.is_available()
+    found["device_name"] = torch.cuda.get_device_name(0) if cuda else f"CPU ({_cpu_name()}), no CUDA"
+    return found
+
+
 def part_device(part: Part) -> None:
     import torch
 
-    info: dict[str, Any] = {
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "python": platform.python_version(),
-        "cpus": os.cpu_count(),
-        "dry_run": part.dry,
-        "packages": _package_versions(),
-    }
+    info: dict[str, Any] = {**machine(), "cpus": os.cpu_count(), "dry_run": part.dry, "packages": _package_versions()}
     if torch.cuda.is_available():
         properties = torch.cuda.get_device_properties(0)
         info.update(
-            device_name=properties.name,
             capability=f"{properties.major}.{properties.minor}",
             memory_gib=round(properties.total_memory / 2**30, 1),
             devices=torch.cuda.device_count(),
             cudnn=torch.backends.cudnn.version(),
         )
-    else:
-        info["device_name"] = f"CPU ({_cpu_name()}), no CUDA"
     info["summary"] = f"{info['device_name']}, torch {info['torch']}, CUDA {info['cuda']}"
     part.record(**info)
     if part.dry:

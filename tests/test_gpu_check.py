@@ -15,6 +15,7 @@ import os
 import resource
 import subprocess
 import sys
+import tarfile
 import time
 from pathlib import Path
 
@@ -213,12 +214,17 @@ def test_the_dry_run_rehearses_every_part_on_the_cpu(snli_dev, tmp_path):
     title = max(index for index, line in enumerate(lines) if line.startswith("GPU check (dry run"))
     assert all(not line.startswith("[") for line in lines[title:]), "the table comes last"
     assert "command: scripts/gpu_check.sh --dry-run" in lines[-1]
+    assert sorted(path.name for path in out.iterdir()) == ["details.tgz", "gpu_check.json", "table.txt"]
     summary = json.loads((out / "gpu_check.json").read_text())
     assert list(summary["parts"]) == list(driver.PART_FUNCTIONS)
-    parts = {name: json.loads((out / "parts" / f"{name}.json").read_text()) for name in driver.PART_FUNCTIONS}
+    with tarfile.open(out / "details.tgz") as packed:
+        packed.extractall(tmp_path, filter="data")
+    packed_parts = tmp_path / "details" / "parts"
+    parts = {name: json.loads((packed_parts / f"{name}.json").read_text()) for name in summary["parts"]}
     for name, part in parts.items():
         assert part["verdict"] == "ok" and part["status"] == "ok", (name, part.get("error"), part.get("checks"))
-        assert (out / "logs" / f"{name}.log").exists()
+        assert part == summary["parts"][name]
+        assert (tmp_path / "details" / "logs" / f"{name}.log").exists()
         assert f"{name} " in finished.stdout
 
     assert parts["device"]["checks"] == {"import blocker active": True}
