@@ -88,6 +88,8 @@ REASON_CHARS = 200
 """A failed part's error, as the table shows it."""
 REFUSAL_LINE = "CUDA graph capture failed"
 """How spinn.inference.graphs starts the warning it logs for each shape whose capture failed."""
+RESUME_LOG_EVERY = 1
+"""The resume part logs every step's loss: the first step a resumed run differs at says where to look."""
 DETAILS = "details"
 """The packed folder of each part's JSON and log: a device machine sends back only a few files."""
 TORCHRUN_ERROR_LINES = 80
@@ -1517,7 +1519,9 @@ def _resume_run(
 
     import torch
 
-    config = train_config(part, files, "spinn", steps, part.sizes.resume_batch, every, graphs=graphs)
+    config = train_config(
+        part, files, "spinn", steps, part.sizes.resume_batch, every, graphs=graphs, log_every=RESUME_LOG_EVERY
+    )
     run, state, log = train_without_tracking(part, files, config, part.work / "resume" / name, resume=resume)
     losses = {f"{step} {key}": value for step, metrics in log.logged for key, value in metrics.items() if "loss" in key}
     part.record(**{f"losses {name}{' resumed' if resume else ''}": losses})
