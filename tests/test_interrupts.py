@@ -76,3 +76,23 @@ def test_without_the_hold_torch_answers_an_interrupt_with_its_own_error(tmp_path
     finally:
         signal.signal(signal.SIGINT, previous)
     assert isinstance(torn.value.__context__, KeyboardInterrupt)
+
+
+def test_a_signal_that_acts_while_the_hold_is_set_up_leaves_every_handler_as_it_was(monkeypatch):
+    """The hold sets its handler signal by signal; a handler that acts between two (here the hang-up's raises
+    as its own handler would have) must not leave Ctrl-C held for the rest of the process."""
+    real = signal.signal
+
+    def setting(number, handler):
+        if number == signal.SIGHUP and getattr(handler, "__name__", "") == "note":
+            raise children.Hangup
+        return real(number, handler)
+
+    previous = real(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(children.signal, "signal", setting)
+    try:
+        with pytest.raises(children.Hangup), children.deferred_interrupts():
+            pass
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        real(signal.SIGINT, previous)

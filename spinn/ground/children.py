@@ -38,6 +38,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 PARENT_POLL_S = 0.5
 """How often a worker checks that its parent still runs: a dead parent's workers are gone within this."""
@@ -161,14 +162,28 @@ def deferred_interrupts() -> Iterator[None]:
 
     # a handler not set from Python (None) could not be put back: that signal is not held
     held = [number for number in INTERRUPTS if signal.getsignal(number) is not None]
-    handlers = {number: signal.signal(number, note) for number in held}
+    handlers: dict[int, Any] = {}
+    try:
+        with _blocked(held):  # no handler runs between two of these: each one set is put back below
+            for number in held:
+                handlers[number] = signal.signal(number, note)
+        yield
+    finally:
+        with _blocked(held):  # one that arrives now acts after all are back, not halfway
+            for number, handler in handlers.items():
+                signal.signal(number, handler)
+        if arrived:
+            signal.raise_signal(arrived[0])  # its own handler now: an exception, the default action, or nothing
+
+
+@contextmanager
+def _blocked(numbers: list[int]) -> Iterator[None]:
+    """The signals wait at the process's door for the block's length, then arrive as they would have."""
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, numbers)
     try:
         yield
     finally:
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
-        if arrived:
-            signal.raise_signal(arrived[0])  # its own handler now: an exception, the default action, or nothing
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
 
 def _stop_with(main: int) -> None:
