@@ -328,24 +328,24 @@ def run_one(
         say(started, f"{part.name}: skipped: out of time")
         return {"part": part.name, "verdict": "skipped", "reason": "out of time", "seconds": 0.0}
     limit = min(part.cap_s, left)
-    result_path = details / "parts" / f"{part.name}.json"
+    result_path, log_path = details / "parts" / f"{part.name}.json", details / "logs" / f"{part.name}.log"
     result_path.unlink(missing_ok=True)
     extra = DETERMINISTIC_ENV if part.deterministic else {}
     say(started, f"{part.name}: running (at most {limit:.0f} s)")
     begun = time.monotonic()
     if forks is not None:
-        code = forks.run(part.name, result_path, details / "logs" / f"{part.name}.log", extra, limit)
+        code = forks.run(part.name, result_path, log_path, extra, limit)
     else:
         command = [sys.executable, str(Path(__file__).resolve()), "--part", part.name, "--work", str(work)]
         command += ["--result", str(result_path), "--data", str(data)]
-        with open(details / "logs" / f"{part.name}.log", "w") as log:
+        with open(log_path, "w") as log:
             code = run_with_limit(command, {**environment, **extra}, log, limit)
     result = read_json(result_path) or {"part": part.name}
     result["seconds"] = time.monotonic() - begun
-    result["captures_refused"] = refusals(details / "logs" / f"{part.name}.log")
+    result["captures_refused"] = refusals(log_path)
     result["verdict"] = verdict(result, code, limit)
     if result["verdict"] not in ("ok", "skipped"):
-        result["log_tail"] = tail(details / "logs" / f"{part.name}.log")
+        result["log_tail"] = tail(log_path)
     write_json(result_path, result)
     say(started, f"{part.name}: {result['verdict']} ({result['seconds']:.1f} s)")
     return result
@@ -1163,9 +1163,10 @@ def _check_refused_capture(part: Part, batch) -> None:
         return dropped.sum().item()
 
     graphs = Graphs(step, part.device, warmup=0)
-    sums = [graphs.run(batch) for _ in range(2)]
+    sums = [graphs.run(batch) for _ in range(2)]  # the failed capture's eager run, then the refused shape's
     refused = graphs.report()["refused"]
-    part.check("a refused capture runs eagerly", len(refused) == 1 and len(sums) == 2, refused=refused)
+    draws = sums[0] != sums[1]  # the generator still draws: the two dropout masks differ
+    part.check("a refused capture runs eagerly", len(refused) == 1 and draws, refused=refused, sums=sums)
 
 
 def _two_shapes(batches: list) -> list:
@@ -1477,10 +1478,7 @@ def part_resume(part: Part) -> None:
         label = "deterministic" if exact else "default"
         try:
             with deterministic(exact):
-                straight = _resume_run(part, files, f"{label}-straight", steps, half)
-                second = None if exact else _resume_run(part, files, f"{label}-straight-again", steps, half)
-                _resume_run(part, files, f"{label}-resumed", half, half)
-                resumed = _resume_run(part, files, f"{label}-resumed", steps, half, resume=True)
+                straight, second, resumed = _resume_pair(part, files, label, steps, half, again=not exact)
         except RuntimeError as error:
             if not exact or "deterministic" not in str(error):
                 raise
@@ -1497,9 +1495,7 @@ def part_resume(part: Part) -> None:
             )
     if part.device.type == "cuda":  # the same pair without graphs: is a difference the graphs' or the device's?
         with deterministic(True):
-            straight = _resume_run(part, files, "eager-straight", steps, half, graphs=False)
-            _resume_run(part, files, "eager-resumed", half, half, graphs=False)
-            resumed = _resume_run(part, files, "eager-resumed", steps, half, resume=True, graphs=False)
+            straight, _, resumed = _resume_pair(part, files, "eager", steps, half, graphs=False)
         apart = relative_differences(resumed, straight)
         part.check("deterministic, no graphs: bit-identical", apart["bit_equal"], resumed_vs_straight=apart)
     part.record(
@@ -1508,6 +1504,17 @@ def part_resume(part: Part) -> None:
             f"{name}: {'n/a' if held is None else 'yes' if held else 'NO'}" for name, held in part.checks.items()
         )
     )
+
+
+def _resume_pair(
+    part: Part, files: Prepared, label: str, steps: int, half: int, graphs: bool = True, again: bool = False
+) -> tuple[dict, dict | None, dict]:
+    """Straight to `steps` (a second time when `again`), and `half` + resume to `steps`: the runs' tensors."""
+    straight = _resume_run(part, files, f"{label}-straight", steps, half, graphs=graphs)
+    second = _resume_run(part, files, f"{label}-straight-again", steps, half, graphs=graphs) if again else None
+    _resume_run(part, files, f"{label}-resumed", half, half, graphs=graphs)
+    resumed = _resume_run(part, files, f"{label}-resumed", steps, half, resume=True, graphs=graphs)
+    return straight, second, resumed
 
 
 def _resume_run(
