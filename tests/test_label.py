@@ -10,6 +10,7 @@ again only in the tests about the parser's own running (workers, a killed job).
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import re
@@ -626,3 +627,21 @@ def test_a_damaged_shard_left_by_a_killed_run_is_named_and_labelled_again(smoke_
     assert f"repaired: {summary.repaired[0]}" in summary.report()
     redone = 3 if damage == "plan not JSON" else 1 if damage.startswith(("label", "a row")) else 0
     assert summary.shards_reused == 3 - redone
+
+
+def test_a_shard_is_labelled_with_the_collector_paused_and_it_runs_again_after(smoke_model, tmp_path, monkeypatch):
+    """Each pair's objects make no cycles, so a shard's collections would walk them for nothing; the run must
+    hand the collector back as it found it."""
+    import spinn.parsing.parse as parse_module
+
+    enabled = []
+
+    def tokens(text: str) -> list[str]:
+        enabled.append(gc.isenabled())
+        return tokenize(text)
+
+    monkeypatch.setattr(parse_module, "tokenize", tokens)
+    source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, 5))
+    label(source, smoke_model.checkpoint, tmp_path / "out.parquet", settings(tmp_path, parser="model", shard_size=2))
+    assert enabled and not any(enabled)
+    assert gc.isenabled()

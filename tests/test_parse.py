@@ -7,7 +7,6 @@ answers for another test.
 
 from __future__ import annotations
 
-import gc
 import gzip
 import json
 import os
@@ -15,7 +14,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -430,29 +428,6 @@ def test_workers_fork_from_a_single_threaded_caller_that_loaded_stanza_once(
     assert result["method"] == "fork"
     assert loads.read_text().split() == [str(result["pid"])]  # loaded once, by the caller
     assert result["trees"] == {text: alone[text].binary_parse for text in texts}
-
-
-def test_objects_frozen_for_a_parse_are_collectable_again_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A closed parser's models must not leak: Stanza's pipeline and processors refer to each other."""
-    from spinn.parsing import cpu
-
-    class Node:
-        pass
-
-    cycle = Node()
-    cycle.me = cycle
-    alive = weakref.ref(cycle)
-    with cpu.gc_frozen():
-        assert gc.get_freeze_count() > 0
-        del cycle
-        gc.collect()
-        assert alive() is not None  # frozen: the collector does not see it
-    assert gc.get_freeze_count() == 0
-    gc.collect()
-    assert alive() is None
-    monkeypatch.setattr(cpu, "_FROZEN_FOR_LIFE", True)  # a worker process: the freeze stays
-    with cpu.gc_frozen():
-        assert gc.get_freeze_count() == 0
 
 
 def test_workers_are_a_count_or_auto() -> None:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from spinn.data.column_sidecar import over_sidecar
+from spinn.ground.collector import gc_paused
 from spinn.ground.errors import SpinnWarning
 from spinn.ground.io import publishing
 from spinn.labeling.label_progress import LabelProgress
@@ -101,7 +102,8 @@ def label(
         names = {"model": source.model_name, "parser": source.parser_name(settings), "input": str(input_path)}
         published = published_run(output, fingerprint, replace=replace)
         if published is None:
-            plan, repaired = plan_shards(input_path, output, settings, fingerprint, replace=replace)
+            with gc_paused():  # reading and cutting the input: objects by the row, no cycles
+                plan, repaired = plan_shards(input_path, output, settings, fingerprint, replace=replace)
             counts = _label_plan(plan, source, settings, names, repaired, progress, run_shards)
         else:
             clear_parts(parts_folder(output))  # what a run killed just after its publish left

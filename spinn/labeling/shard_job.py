@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from spinn.data.rejects import Reject
+from spinn.ground.collector import gc_paused
 from spinn.ground.errors import SpinnError
 from spinn.ground.io import atomic_path
 from spinn.labeling.label_progress import LabelProgress, ShardShare
@@ -71,6 +72,10 @@ class ShardJob:
         self._in_maker = False
 
     def __call__(self, index: int, progress: LabelProgress | None = None) -> ShardResult:
+        with gc_paused():  # a shard's per-pair objects make no cycles: collections would only walk them
+            return self._label(index, progress)
+
+    def _label(self, index: int, progress: LabelProgress | None) -> ShardResult:
         labeller = self.labeller()
         progress = progress or self.progress
         if labeller.parser.workers > 1:

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from spinn.data.rejects import RejectReason
+from spinn.ground.collector import gc_frozen
 from spinn.ground.cores import torch_threads
 from spinn.ground.errors import SpinnError
 from spinn.ground.io import file_digest
 from spinn.parsing.convert import OUTPUT_VERSION, outcome
-from spinn.parsing.cpu import gc_frozen
 from spinn.parsing.parser_settings import (
     RESOURCES_FILE,
     TOKENIZER_SPINN,

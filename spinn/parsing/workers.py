@@ -18,8 +18,8 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from spinn.ground.children import exit_with_parent
+from spinn.ground.collector import freeze_for_life, gc_frozen
 from spinn.ground.cores import use_threads
-from spinn.parsing.cpu import freeze_for_life, gc_frozen
 from spinn.parsing.parser_settings import ParserSettings, resolve_gpu
 from spinn.parsing.protocol import Parsed, Unparsed
 from spinn.parsing.stanza_pipeline import StanzaRunner
