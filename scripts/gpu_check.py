@@ -1655,12 +1655,15 @@ def part_label(part: Part) -> None:
     import torch
 
     from spinn.cli import main as spinn
+    from spinn.parsing.parser_settings import TOKENIZERS_BESIDE_A_GPU
 
     path = trained_checkpoint(part)
     pairs, distinct = _label_input(part, part.work / "label" / "pairs.jsonl")
     output = part.work / "label" / "labels.parquet"
     arguments = ["label", str(pairs), "--model", str(path), "--output", str(output), "--parser", "model"]
     arguments += ["--device", part.device.type, "--no-progress"]
+    if part.device.type == "cpu":  # the dry run rehearses the tokenizer workers that auto starts beside a GPU
+        arguments += ["--workers", str(TOKENIZERS_BESIDE_A_GPU)]
     if part.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     printed = io.StringIO()

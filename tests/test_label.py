@@ -150,11 +150,11 @@ def test_labels_do_not_depend_on_batch_size(smoke_model, tmp_path, parser, reque
             assert abs(a[f"p_{name}"] - b[f"p_{name}"]) <= TOLERANCE
 
 
-@pytest.mark.slow
-@pytest.mark.stanza
-def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_model, tmp_path):
+@pytest.mark.parametrize("parser", [pytest.param("stanza", marks=[pytest.mark.slow, pytest.mark.stanza]), "model"])
+def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_model, tmp_path, parser):
     """One parser process, big shards and batches, against two worker processes, small shards and batches
-    (parses ahead of the model): each run parses for itself (no shared cache), so Stanza really runs twice."""
+    (parses ahead of the model): each run parses for itself (no shared cache), so Stanza really runs twice.
+    Without Stanza (parser model) the workers tokenize."""
     source = write_rows(tmp_path / "pairs.csv", smoke_pairs(smoke_model, SIZES_ROWS))
     runs = {
         "one": {"shard_size": 1000, "batch_size": 256, "parsing": {"workers": 1, "batch_size": 256}},
@@ -163,7 +163,7 @@ def test_labels_and_trees_do_not_depend_on_workers_shard_or_batch_sizes(smoke_mo
     outputs = {}
     for name, changes in runs.items():
         changes["parsing"]["cache_path"] = None
-        chosen = settings(tmp_path, parser="stanza").replace(**changes)
+        chosen = settings(tmp_path, parser=parser, threads=1).replace(**changes)
         summary = label(source, smoke_model.checkpoint, tmp_path / f"{name}.parquet", chosen)
         assert summary.labelled == SIZES_ROWS and summary.parse_seconds > 0
         assert summary.parser_workers == changes["parsing"]["workers"]

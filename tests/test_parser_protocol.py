@@ -32,8 +32,8 @@ def test_the_stanza_parser_and_the_token_only_one_both_implement_the_parser_prot
     ]
 
 
-def test_both_pending_parses_have_what_the_labeller_reads() -> None:
-    from spinn.parsing.parse import Tokenized
+def test_every_pending_parse_has_what_the_labeller_reads() -> None:
+    from spinn.parsing.parse import Tokenized, Tokenizing
     from spinn.parsing.parser import PendingParses
     from spinn.parsing.protocol import PendingParse
 
@@ -41,7 +41,7 @@ def test_both_pending_parses_have_what_the_labeller_reads() -> None:
     assert members == {"to_parse", "result", "seconds", "seconds_after", "finished_at"}
     ready = Tokenized({}, 0.5, 0)
     for name in members - {"to_parse"}:
-        assert hasattr(PendingParses, name) and hasattr(ready, name), name
+        assert hasattr(PendingParses, name) and hasattr(ready, name) and hasattr(Tokenizing, name), name
     assert "to_parse" in Tokenized.__annotations__
     assert (ready.seconds_after(0.0), ready.finished_at, ready.result()) == (0.5, 0.0, {})
 
@@ -55,3 +55,30 @@ def test_the_token_only_parser_tokenizes_each_distinct_text_once(monkeypatch) ->
     results = TokenOnly(max_tokens=10).parse(["A dog runs .", "A cat sits .", "A dog runs .", "A dog runs ."])
     assert sorted(seen) == ["A cat sits .", "A dog runs ."]
     assert results["A dog runs ."] == Parsed(["A", "dog", "runs", "."], [], "")
+
+
+def test_tokenizer_workers_give_what_this_process_gives_in_input_order(monkeypatch) -> None:
+    """Worker processes tokenize (real spawned ones, batches of 2): the same answers, rejections included,
+    one per distinct text in input order, each batch reported once; closing stops them."""
+    import pytest
+
+    import spinn.parsing.parse as parse
+
+    texts = ["A dog runs .", "", "one two three four five", 'Two dogs aren\'t "playing".', "A dog runs .", "t-shirt"]
+    texts += [f"Sentence number {number} ." for number in range(4)]
+    here = TokenOnly(max_tokens=4).parse(texts)
+    monkeypatch.setattr(parse, "TOKENIZE_BATCH", 2)
+    reported: list[int] = []
+    tokens = TokenOnly(max_tokens=4, workers=2)
+    try:
+        pending = tokens.submit(texts, reported.append)
+        assert pending.to_parse == len(here)
+        results = pending.result()
+        pool = tokens.pool()
+    finally:
+        tokens.close()
+    assert list(results) == list(here) and results == here
+    assert sorted(reported) == [1, 2, 2, 2, 2]
+    assert pending.seconds > 0.0 and pending.seconds_after(pending.finished_at) == 0.0
+    with pytest.raises(RuntimeError, match="shutdown"):
+        pool.submit(len, "")

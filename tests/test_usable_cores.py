@@ -9,7 +9,7 @@ import pytest
 
 from spinn.data import prepare
 from spinn.ground.cores import cgroup_quota_cores, usable_cores
-from spinn.parsing.parser_settings import resolve_workers
+from spinn.parsing.parser_settings import TOKENIZERS_BESIDE_A_GPU, resolve_tokenizers, resolve_workers
 
 MANY_CORES = set(range(16))
 
@@ -67,3 +67,13 @@ def test_prepare_and_parser_workers_follow_usable_cores(monkeypatch):
     assert prepare.default_workers() == min(3, prepare.MAX_DEFAULT_WORKERS)
     monkeypatch.setattr("spinn.ground.cores.usable_cores", lambda: 3)
     assert resolve_workers("auto", use_gpu=False) == 3
+
+
+@pytest.mark.parametrize(
+    ("cores", "model_on_gpu", "tokenizers"), [(16, True, TOKENIZERS_BESIDE_A_GPU), (2, True, 1), (16, False, 1)]
+)
+def test_tokenizer_workers_start_beside_a_gpu_model_where_cores_allow(monkeypatch, cores, model_on_gpu, tokenizers):
+    """A CPU model's threads take every core: tokenizing stays in its process unless workers are asked for."""
+    monkeypatch.setattr("spinn.ground.cores.usable_cores", lambda: cores)
+    assert resolve_tokenizers("auto", model_on_gpu) == tokenizers
+    assert resolve_tokenizers(3, model_on_gpu) == 3

@@ -36,6 +36,7 @@ from spinn.model.parser_choice import PARSER_STANZA, resolve_parser, trees_sourc
 from spinn.model.precision import check_int8
 from spinn.parsing.parse import TREES_NONE, TokenOnly
 from spinn.parsing.parser import SentenceParser
+from spinn.parsing.parser_settings import resolve_tokenizers
 from spinn.parsing.protocol import Parser
 
 
@@ -124,14 +125,18 @@ class Labeller:
     def __init__(self, source: ModelSource, settings: LabelSettings) -> None:
         self.settings = settings
         self.model_source = source
-        self.loaded: LoadedModel = load_model(source.checkpoint, resolve_device(settings.device))
+        device = resolve_device(settings.device)
+        self.loaded: LoadedModel = load_model(source.checkpoint, device)
         self.parser_name = resolve_parser(settings.parser, self.loaded.model.config)
         self.transitions = trees_source(self.parser_name)
         self.step = InferStep(self.loaded.model, self.transitions, int8=settings.int8)
         self.parser: Parser = (
             SentenceParser(settings.parsing)
             if self.parser_name == PARSER_STANZA
-            else TokenOnly(settings.parsing.max_tokens)
+            else TokenOnly(
+                settings.parsing.max_tokens,
+                resolve_tokenizers(settings.parsing.workers, device.type == "cuda"),
+            )
         )
         # Parser worker processes parse the next shard while the model labels this one: they share the cores.
         self.sharing = 1 + (self.parser.workers if self.parser.workers > 1 else 0)

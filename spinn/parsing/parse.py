@@ -14,6 +14,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -34,13 +35,17 @@ from spinn.ground.io import atomic_paths, publishing
 from spinn.ground.settings import Settings
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.parser_settings import ParserSettings
-from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed
+from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed, told
+from spinn.parsing.workers import start_tokenizers, tokenize_in_worker
 from spinn.trees.tokenize import tokenize
 
 TREES_STANZA, TREES_NONE = "stanza", "none"
 CHUNK_PAIRS = 10_000
 """Pairs whose sentences are parsed together: large enough for good Stanza batches and deduplication."""
 SENTENCES = ("premise", "hypothesis")
+TOKENIZE_BATCH = 2_048
+"""Distinct texts per tokenizer worker task: a few hundredths of a second of work, enough to spread a shard
+over the workers while each task's overhead stays small."""
 
 
 @dataclass(frozen=True)
@@ -66,37 +71,94 @@ class TokenOnly:
     """The `Parser` without a parser: SNLI's tokens (spinn.trees.tokenize) and no tree.
 
     For models that build their own trees (rl, or spinn on predicted
-    transitions): pairs are stored with empty transition lists.
+    transitions): pairs are stored with empty transition lists. With `workers`
+    above 1 the text is tokenized in that many worker processes
+    (spinn.parsing.workers) and `submit` returns at once, so a label run's next
+    shard is tokenized while the model labels this one.
     """
 
     model_id = TREES_NONE
-    workers = 1  # tokenizes in this process
 
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, max_tokens: int, workers: int = 1) -> None:
+        self.max_tokens, self._workers = max_tokens, workers
+        self._pool: ProcessPoolExecutor | None = None
+
+    @property
+    def workers(self) -> int:
+        """Tokenizer processes (1: tokenizes in this process)."""
+        return self._workers
 
     def parse(self, sentences: Iterable[str]) -> dict[str, Parsed | Unparsed]:
         """Each distinct text tokenized once (NLI corpora repeat their premises, as SentenceParser knows)."""
-        return {text: self._tokens(text) for text in dict.fromkeys(sentences)}
+        return self.submit(sentences).result()
 
-    def submit(self, sentences: Iterable[str], progress: Progress | None = None) -> Tokenized:
-        """SentenceParser.submit's twin: tokenizing is quick, so the result is ready at once."""
+    def submit(self, sentences: Iterable[str], progress: Progress | None = None) -> Tokenized | Tokenizing:
+        """SentenceParser.submit's twin: in this process the result is ready at once; with workers it is on
+        its way."""
+        texts = list(dict.fromkeys(sentences))
+        if self._workers > 1:
+            return Tokenizing(self, texts, progress)
         started = time.perf_counter()
-        results = self.parse(sentences)
+        results = {text: self.outcome(tokenize(text)) for text in texts}
         if progress is not None:
             progress(len(results))
         return Tokenized(results, time.perf_counter() - started, len(results))
 
-    def _tokens(self, text: str) -> Parsed | Unparsed:
-        tokens = tokenize(text)
+    def outcome(self, tokens: list[str]) -> Parsed | Unparsed:
+        """A text's tokens as the parser's answer: rejected when there are none, or more than the limit."""
         if not tokens:
             return Unparsed(RejectReason.EMPTY_SENTENCE, "no tokens")
         if len(tokens) > self.max_tokens:
             return Unparsed(RejectReason.TOO_LONG, f"{len(tokens)} tokens, more than the limit of {self.max_tokens}")
         return Parsed(tokens, [], "")
 
+    def pool(self) -> ProcessPoolExecutor:
+        if self._pool is None:
+            self._pool = start_tokenizers(self._workers)
+        return self._pool
+
     def close(self) -> None:
-        """Nothing to release."""
+        """Stop the tokenizer workers, if any started."""
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+
+class Tokenizing:
+    """TokenOnly's `submit` with workers: a `PendingParse` whose batches are tokenized in worker processes."""
+
+    def __init__(self, tokens: TokenOnly, texts: list[str], progress: Progress | None) -> None:
+        self._tokens, self._started = tokens, time.perf_counter()
+        self._last_done = self._started
+        self._batches = [texts[start : start + TOKENIZE_BATCH] for start in range(0, len(texts), TOKENIZE_BATCH)]
+        self._futures = [tokens.pool().submit(tokenize_in_worker, batch) for batch in self._batches]
+        for batch, future in zip(self._batches, self._futures, strict=True):
+            future.add_done_callback(self._done)
+            if progress is not None:
+                future.add_done_callback(told(progress, len(batch)))
+        self.to_parse = len(texts)
+
+    def _done(self, _future: Future) -> None:
+        self._last_done = max(self._last_done, time.perf_counter())
+
+    def result(self) -> dict[str, Parsed | Unparsed]:
+        """One result per distinct text, in input order (waits for the batches still in the workers)."""
+        outcome, results = self._tokens.outcome, {}
+        for batch, future in zip(self._batches, self._futures, strict=True):
+            results.update(zip(batch, map(outcome, future.result()), strict=True))
+        return results
+
+    @property
+    def seconds(self) -> float:
+        """Wall seconds from the call until its last batch was tokenized."""
+        return self._last_done - self._started
+
+    def seconds_after(self, moment: float) -> float:
+        return max(self._last_done - max(self._started, moment), 0.0)
+
+    @property
+    def finished_at(self) -> float:
+        return self._last_done
 
 
 class ParseSettings(Settings):

@@ -44,7 +44,7 @@ from spinn.parsing.parser_settings import (
     resolve_gpu,
     tokenization,
 )
-from spinn.parsing.protocol import Parsed, Progress, Unparsed
+from spinn.parsing.protocol import Parsed, Progress, Unparsed, told
 from spinn.parsing.stanza_pipeline import StanzaRunner
 from spinn.parsing.workers import can_fork, parse_in_worker, start_pool
 from spinn.trees.tokenize import tokenize
@@ -170,7 +170,7 @@ class SentenceParser:
         pending._futures.update(dict.fromkeys(batch, future))
         self._in_flight.update(dict.fromkeys(batch, future))
         if progress is not None:
-            future.add_done_callback(_told(progress, len(batch)))
+            future.add_done_callback(told(progress, len(batch)))
 
     def _finish(self, pending: PendingParses) -> dict[str, Parsed | Unparsed]:
         outcomes = pending._outcomes
@@ -288,8 +288,3 @@ def _batches(texts: list[str], size: int) -> list[list[str]]:
     longest first, so the long batches are not the last ones left while other workers idle."""
     ordered = sorted(texts, key=lambda text: (len(text), text))
     return [ordered[start : start + size] for start in range(0, len(ordered), size)][::-1]
-
-
-def _told(progress: Progress, size: int) -> Callable[[Future], None]:
-    """A future's done-callback that reports its batch's size."""
-    return lambda _: progress(size)

@@ -19,6 +19,9 @@ CPU_BATCH_SIZE = 256
 label section measures both)."""
 GPU_BATCH_SIZE = 1024
 """Parse batch auto on the GPU: larger batches keep it busier."""
+TOKENIZERS_BESIDE_A_GPU = 2
+"""Tokenizer processes auto starts beside a model on a GPU: one tokenizes a shard in about half the time the
+model takes to label it (on an H200), the second is margin for a busier host."""
 
 TOKENIZER_SPINN, TOKENIZER_STANZA = "spinn", "stanza"
 PRETOKENIZED = "pretokenized"
@@ -50,7 +53,8 @@ class ParserSettings(Settings):
     """Parses cached by sentence and parser model (none: no cache; the CLI's --no-parse-cache)."""
     workers: WorkerCount = Field(AUTO, json_schema_extra={"cli": "--workers"})
     """Parser processes: 1 parses in this process; more start that many worker processes (trees do not depend
-    on it); auto: one per core this process may use when Stanza runs on the CPU, 1 on the GPU."""
+    on it); auto: one per core this process may use when Stanza runs on the CPU, 1 on the GPU. Without Stanza
+    (a model that builds its own trees) they tokenize; auto: 1 beside a model on the CPU, 2 beside a GPU."""
     threads: ThreadNumber = Field(1, json_schema_extra={"cli": "--parser-threads"})
     """torch threads per parser process: Stanza's small models gain nothing from more, and lose much when
     processes share cores."""
@@ -102,6 +106,17 @@ def resolve_workers(workers: int | str, use_gpu: bool) -> int:
     if use_gpu:
         return 1
     return cores.process_count(AUTO)
+
+
+def resolve_tokenizers(workers: int | str, model_on_gpu: bool) -> int:
+    """Tokenizer processes for a model that builds its own trees; auto: this process beside a model on the CPU
+    (its torch threads take every core, and tokenizing here costs the same CPU without sharing them), else
+    TOKENIZERS_BESIDE_A_GPU where the cores allow (a GPU model's host process keeps about one core busy)."""
+    if workers != AUTO:
+        return int(workers)
+    if model_on_gpu and cores.process_count(AUTO) > TOKENIZERS_BESIDE_A_GPU:
+        return TOKENIZERS_BESIDE_A_GPU
+    return 1
 
 
 def resolve_gpu(device: str) -> bool:

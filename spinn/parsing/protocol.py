@@ -8,6 +8,7 @@ trees. The parse stage and the labeller take either through this protocol.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -29,6 +30,11 @@ class Unparsed:
 
 Progress = Callable[[int], None]
 """Told the number of distinct sentences each time a batch of them is parsed."""
+
+
+def told(progress: Progress, size: int) -> Callable[[Future], None]:
+    """A batch future's done-callback that reports its batch's size."""
+    return lambda _: progress(size)
 
 
 class PendingParse(Protocol):

@@ -6,6 +6,11 @@ machine, as long as parsing 400 sentences), so on Linux with the parser on
 the CPU the caller loads Stanza once and forks the workers, which share the
 loaded models and start at once. A parser on the GPU, or in a process that
 runs other threads (a Prefect or Dask worker), spawns them instead.
+
+Tokenizer workers (`start_tokenizers`) serve a model that builds its own
+trees: they only cut text into SNLI's tokens, so they are always spawned (a
+fresh interpreter that imports the tokenizer and no torch starts in a fraction
+of a second, and spawning is safe beside CUDA and threads).
 """
 
 from __future__ import annotations
@@ -18,11 +23,12 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 from spinn.ground.children import exit_with_parent
-from spinn.ground.collector import freeze_for_life, gc_frozen
+from spinn.ground.collector import freeze_for_life, gc_frozen, gc_paused
 from spinn.ground.cores import use_threads
 from spinn.parsing.parser_settings import ParserSettings, resolve_gpu
 from spinn.parsing.protocol import Parsed, Unparsed
 from spinn.parsing.stanza_pipeline import StanzaRunner
+from spinn.trees.tokenize import tokenize
 
 FORK_PLATFORM = "linux"  # fork is unsafe with macOS system libraries and absent on Windows
 
@@ -80,3 +86,18 @@ def parse_in_worker(texts: list[str]) -> tuple[dict[str, Parsed | Unparsed], flo
     """(outcome by text, seconds Stanza ran) for one batch, in a worker process."""
     assert _WORKER is not None, "the pool's initializer loads the worker's Stanza"
     return _WORKER.parse_batch(texts)
+
+
+def start_tokenizers(workers: int) -> ProcessPoolExecutor:
+    """`workers` spawned processes that tokenize (`tokenize_in_worker`), ending with this process."""
+    import multiprocessing
+
+    return ProcessPoolExecutor(
+        workers, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent, initargs=(os.getpid(),)
+    )
+
+
+def tokenize_in_worker(texts: list[str]) -> list[list[str]]:
+    """Each text's tokens, in a tokenizer worker: token lists cross back (they unpickle faster than Parsed)."""
+    with gc_paused():  # lists of strings, no cycles
+        return [tokenize(text) for text in texts]
