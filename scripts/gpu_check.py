@@ -1358,17 +1358,23 @@ def train_config(part: Part, files: Prepared, variant: str, steps: int, batch: i
 def train_without_tracking(part: Part, files: Prepared, config, folder: Path, resume: bool = False):
     """What `spinn train` runs, MLflow aside (the GPU image has none): the run built, resumed from last.pt
     when asked, the loop with its checkpoints, dev evaluations and metric reads."""
-    from spinn.training.build import build_run
     from spinn.training.loop import loop
     from spinn.training.resume import resume_run
     from spinn.training.state import TrainState
 
-    folder.mkdir(parents=True, exist_ok=True)
-    run = build_run(files.train, files.dev, config, folder, files.vocab, files.embeddings, progress=False)
+    run = built_run(files, config, folder)
     state = resume_run(run) if resume else TrainState()
     log = MetricsLog()
     loop(run, state, log, progress=False)
     return run, state, log
+
+
+def built_run(files: Prepared, config, folder: Path):
+    """The training run `spinn train` builds, in `folder`, before any step."""
+    from spinn.training.build import build_run
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return build_run(files.train, files.dev, config, folder, files.vocab, files.embeddings, progress=False)
 
 
 # ----------------------------------------------------------------------------- part: checkpoint
@@ -1509,38 +1515,80 @@ def part_resume(part: Part) -> None:
 def _resume_pair(
     part: Part, files: Prepared, label: str, steps: int, half: int, graphs: bool = True, again: bool = False
 ) -> tuple[dict, dict | None, dict]:
-    """Straight to `steps` (a second time when `again`), and `half` + resume to `steps`: the runs' tensors."""
-    straight = _resume_run(part, files, f"{label}-straight", steps, half, graphs=graphs)
-    second = _resume_run(part, files, f"{label}-straight-again", steps, half, graphs=graphs) if again else None
-    _resume_run(part, files, f"{label}-resumed", half, half, graphs=graphs)
-    resumed = _resume_run(part, files, f"{label}-resumed", steps, half, resume=True, graphs=graphs)
+    """Straight to `steps` (a second time when `again`), and `half` + resume to `steps`: the runs' end states.
+    Also checks that the resumed run starts from the state the stopped one ended in (weights, optimizer,
+    rates, random streams), and records the first step whose loss differs from the straight run's: together
+    they tell a state the checkpoint lost from a step that runs differently after a resume."""
+    straight, straight_losses = _resume_run(part, files, f"{label}-straight", steps, half, graphs=graphs)
+    second = _resume_run(part, files, f"{label}-straight-again", steps, half, graphs=graphs)[0] if again else None
+    stopped, _ = _resume_run(part, files, f"{label}-resumed", half, half, graphs=graphs)
+    start = relative_differences(_resumed_start(part, files, f"{label}-resumed", steps, half, graphs), stopped)
+    part.check(f"{label}: resumed from the stopped state", start["bit_equal"], started_vs_stopped=start)
+    resumed, resumed_losses = _resume_run(part, files, f"{label}-resumed", steps, half, resume=True, graphs=graphs)
+    part.record(**{f"first step apart {label}": first_step_apart(straight_losses, resumed_losses)})
     return straight, second, resumed
+
+
+def _resume_config(part: Part, files: Prepared, steps: int, every: int, graphs: bool):
+    return train_config(
+        part, files, "spinn", steps, part.sizes.resume_batch, every, graphs=graphs, log_every=RESUME_LOG_EVERY
+    )
 
 
 def _resume_run(
     part: Part, files: Prepared, name: str, steps: int, every: int, resume: bool = False, graphs: bool = True
-) -> dict:
-    """One training run's weights and optimizer state after it stopped (every tensor, copied to the CPU); its
-    logged losses go into the part's result."""
+) -> tuple[dict, dict[int, float]]:
+    """One training run's state after it stopped (`training_state`) and its logged loss by step (also in the
+    part's result)."""
     import gc
 
-    import torch
-
-    config = train_config(
-        part, files, "spinn", steps, part.sizes.resume_batch, every, graphs=graphs, log_every=RESUME_LOG_EVERY
-    )
+    config = _resume_config(part, files, steps, every, graphs)
     run, state, log = train_without_tracking(part, files, config, part.work / "resume" / name, resume=resume)
-    losses = {f"{step} {key}": value for step, metrics in log.logged for key, value in metrics.items() if "loss" in key}
-    part.record(**{f"losses {name}{' resumed' if resume else ''}": losses})
-    tensors = {f"model {key}": value.detach().cpu().clone() for key, value in run.model.state_dict().items()}
-    for index, values in run.optimizer.state_dict()["state"].items():
-        tensors.update(
-            {f"optimizer {index} {key}": torch.as_tensor(value).cpu().clone() for key, value in values.items()}
-        )
-    part.record(**{f"steps {name}": state.step})
+    losses = {step: metrics["train_loss"] for step, metrics in log.logged if "train_loss" in metrics}
+    part.record(**{f"losses {name}{' resumed' if resume else ''}": losses, f"steps {name}": state.step})
+    tensors = training_state(run)
+    del run
+    gc.collect()
+    return tensors, losses
+
+
+def _resumed_start(part: Part, files: Prepared, name: str, steps: int, every: int, graphs: bool) -> dict:
+    """The state a resumed run starts from: built as `_resume_run` builds it, last.pt loaded, no step taken."""
+    import gc
+
+    from spinn.training.resume import resume_run
+
+    run = built_run(files, _resume_config(part, files, steps, every, graphs), part.work / "resume" / name)
+    resume_run(run)
+    tensors = training_state(run)
     del run
     gc.collect()
     return tensors
+
+
+def training_state(run) -> dict:
+    """What a resumed run must get back, copied to the CPU: weights and buffers, the optimizer's state and
+    learning rates, every random stream."""
+    import torch
+
+    from spinn.model.checkpoint import rng_states
+
+    tensors = {f"model {key}": value.detach().cpu().clone() for key, value in run.model.state_dict().items()}
+    for index, values in run.optimizer.state_dict()["state"].items():
+        state = {f"optimizer {index} {key}": torch.as_tensor(value).cpu().clone() for key, value in values.items()}
+        tensors.update(state)
+    for index, group in enumerate(run.optimizer.param_groups):
+        tensors[f"optimizer {index} lr"] = torch.as_tensor(group["lr"]).detach().cpu().clone()
+    streams = rng_states()
+    tensors["rng torch"] = streams["torch"].clone()
+    tensors["rng python"] = torch.tensor(streams["python"][1], dtype=torch.int64)
+    tensors.update({f"rng cuda {device}": state.clone() for device, state in enumerate(streams.get("cuda", []))})
+    return tensors
+
+
+def first_step_apart(straight: dict[int, float], resumed: dict[int, float]) -> int | None:
+    """The first step both runs logged whose loss differs (None: none does)."""
+    return next((step for step in sorted(set(straight) & set(resumed)) if straight[step] != resumed[step]), None)
 
 
 # ----------------------------------------------------------------------------- part: speed

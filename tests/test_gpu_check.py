@@ -134,6 +134,14 @@ def test_the_gpu_only_branches_judge_and_print_what_a_gpu_would_give(tmp_path):
     assert driver._figures(crashed) == "RuntimeError: CUDA error: an illegal memory access"
 
 
+def test_the_first_step_apart_is_the_first_shared_step_whose_loss_differs():
+    """A resumed run logs from the step after its stop: steps only one run logged are not compared."""
+    straight = {1: 4.5, 2: 4.25, 3: 2.0, 4: 1.5}
+    assert driver.first_step_apart(straight, {3: 2.0, 4: 1.5}) is None
+    assert driver.first_step_apart(straight, {3: 2.0, 4: 1.75, 5: 1.0}) == 4
+    assert driver.first_step_apart(straight, {2: 4.0, 3: 2.5}) == 2
+
+
 def test_the_carried_wheels_bring_everything_they_require():
     """What a wheel requires is on the GPU image or among the wheels, so --no-deps installs a working set."""
     image = driver.requirement_closure(driver.GPU_IMAGE)
@@ -233,8 +241,15 @@ def test_the_dry_run_rehearses_every_part_on_the_cpu(snli_dev, tmp_path):
     assert equality["result"]["worst_float64"] <= 1e-10 and equality["result"]["worst_float32"] <= 1e-5
     for details in equality["result"]["details"].values():
         assert details["transitions_equal"]
-    resume = parts["resume"]["checks"]
-    assert resume == {"default: within two straight runs": True, "deterministic: bit-identical": True}
+    resume = parts["resume"]
+    assert resume["checks"] == {
+        "default: resumed from the stopped state": True,
+        "default: within two straight runs": True,
+        "deterministic: resumed from the stopped state": True,
+        "deterministic: bit-identical": True,
+    }
+    assert resume["result"]["first step apart default"] is None is resume["result"]["first step apart deterministic"]
+    assert "--workers 2" in parts["label"]["result"]["command"]  # the tokenizer workers a GPU run starts
     nccl = parts["nccl"]["result"]
     assert nccl["rank"]["backend"] == "gloo" and nccl["rank"]["world"] == 1 and nccl["apart"]["bit_equal"]
     label = parts["label"]["result"]
