@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gc
+import json
+import os
 import threading
 import weakref
 
@@ -82,3 +84,26 @@ def test_cycles_made_during_a_pause_are_collected_after_it() -> None:
         del cycle
     gc.collect()
     assert alive() is None
+
+
+def test_a_forked_child_leaves_its_parents_pause_behind() -> None:
+    """A tokenizer worker forked from inside a shard's pause: the forking thread never leaves that block in the
+    child, so the child must not stay paused for life, and its own pauses must still end."""
+    read, write = os.pipe()
+    with collector.gc_paused():
+        child = os.fork()
+        if child == 0:
+            try:
+                collector.forget_pauses()
+                states = [gc.isenabled()]
+                with collector.gc_paused():
+                    states.append(gc.isenabled())
+                states.append(gc.isenabled())
+                os.write(write, json.dumps(states).encode())
+            finally:
+                os._exit(0)
+    os.close(write)
+    os.waitpid(child, 0)
+    with os.fdopen(read) as answer:
+        assert json.loads(answer.read()) == [True, False, True]
+    assert gc.isenabled()

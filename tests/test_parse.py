@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from spinn.data.rejects import RejectReason
+from spinn.ground.children import WATCHER
 from spinn.ground.errors import SpinnError
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.parser_settings import ParserSettings
@@ -449,6 +450,31 @@ def test_auto_is_one_worker_per_usable_core_on_the_cpu_and_one_with_a_larger_bat
     given = decided_for(ParserSettings(workers=3, batch_size=7), use_gpu=True)
     assert (given.workers, given.batch_size) == (3, 7)
     assert SentenceParser(ParserSettings(device="cpu", cache_path=None)).workers == cores
+
+
+WATCHED_FORK = """
+import json, threading
+from spinn.ground.children import stop_when_orphaned
+from spinn.parsing.workers import can_fork
+stop_when_orphaned()
+named = [thread.name for thread in threading.enumerate()]
+other = threading.Thread(target=threading.Event().wait, args=(30,), daemon=True)
+before = can_fork(use_gpu=False)
+other.start()
+print(json.dumps({"threads": named, "alone": before, "beside_another": can_fork(use_gpu=False)}))
+"""
+
+
+def test_workers_are_forked_beside_the_commands_own_watcher() -> None:
+    """Every command watches its starter from a thread (spinn/ground/children.py) that holds no lock a child
+    could need: `spinn label --workers 2` on the CPU forks its workers beside it (it used to spawn them, each
+    loading Stanza again), and still spawns beside any other thread."""
+    done = subprocess.run(
+        [sys.executable, "-c", WATCHED_FORK], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    found = json.loads(done.stdout)
+    assert found == {"threads": ["MainThread", WATCHER], "alone": True, "beside_another": False}
 
 
 def test_workers_are_not_forked_beside_another_thread_or_for_the_gpu() -> None:

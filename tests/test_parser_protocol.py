@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 
+import pytest
+
 from spinn.data.rejects import RejectReason
 from spinn.parsing.parse import TokenOnly
 from spinn.parsing.parser import SentenceParser
@@ -57,12 +59,14 @@ def test_the_token_only_parser_tokenizes_each_distinct_text_once(monkeypatch) ->
     assert results["A dog runs ."] == Parsed(["A", "dog", "runs", "."], [], "")
 
 
-def test_tokenizer_workers_give_what_this_process_gives_in_input_order(monkeypatch) -> None:
-    """Worker processes tokenize (real spawned ones, batches of 2): the same answers, rejections included,
-    one per distinct text in input order, each batch reported once; closing stops them."""
-    import pytest
-
+@pytest.mark.parametrize("forked", [True, False])
+def test_tokenizer_workers_give_what_this_process_gives_in_input_order(monkeypatch, forked) -> None:
+    """Worker processes tokenize (real ones, forked or spawned, batches of 2): the same answers, rejections
+    included, one per distinct text in input order, each batch reported once; closing stops them."""
     import spinn.parsing.parse as parse
+    import spinn.parsing.workers as workers
+
+    monkeypatch.setattr(workers, "can_fork", lambda use_gpu: forked)
 
     texts = ["A dog runs .", "", "one two three four five", 'Two dogs aren\'t "playing".', "A dog runs .", "t-shirt"]
     texts += [f"Sentence number {number} ." for number in range(4)]

@@ -57,6 +57,9 @@ GO_BETWEENS = frozenset(
 )
 """Programs that run a command for whoever started them and wait for it (shells, and wrappers that do not exec
 it): a command's real starter is above them."""
+WATCHER = "stop-with-parent"
+"""The name of a command's thread that watches its starter (`stop_when_orphaned`): it polls /proc and holds no
+lock a forked child could need, so workers may still be forked beside it."""
 INTERRUPTS = (signal.SIGINT, signal.SIGHUP)
 """Ctrl-C, and the hang-up that stops an orphaned command: what `deferred_interrupts` holds back."""
 
@@ -95,7 +98,7 @@ def stop_when_orphaned() -> None:
     _armed.extend(lineage())
     signal.signal(signal.SIGHUP, _hang_up)
     main = threading.main_thread().ident
-    threading.Thread(target=_stop_with, args=(main,), daemon=True, name="stop-with-parent").start()
+    threading.Thread(target=_stop_with, args=(main,), daemon=True, name=WATCHER).start()
 
 
 def orphaned() -> int | None:

@@ -70,3 +70,13 @@ def gc_paused() -> Iterator[None]:
             _PAUSES -= 1
             if _PAUSES == 0 and _RESUME:
                 gc.enable()
+
+
+def forget_pauses() -> None:
+    """In a forked child: the pause blocks its parent's threads were in do not go on here (the forking thread
+    never leaves its block in the child), so the collector is as the process had it before the first."""
+    global _PAUSES
+    with _PAUSE_LOCK:
+        if _PAUSES and _RESUME:
+            gc.enable()
+        _PAUSES = 0

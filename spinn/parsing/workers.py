@@ -8,9 +8,9 @@ loaded models and start at once. A parser on the GPU, or in a process that
 runs other threads (a Prefect or Dask worker), spawns them instead.
 
 Tokenizer workers (`start_tokenizers`) serve a model that builds its own
-trees: they only cut text into SNLI's tokens, so they are always spawned (a
-fresh interpreter that imports the tokenizer and no torch starts in a fraction
-of a second, and spawning is safe beside CUDA and threads).
+trees: they only cut text into SNLI's tokens and never touch torch, so they
+are forked beside a model on the GPU too (as torch's own data loader workers
+are), and spawned only where another thread runs.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from spinn.ground.children import exit_with_parent
-from spinn.ground.collector import freeze_for_life, gc_frozen, gc_paused
+from spinn.ground.children import WATCHER, exit_with_parent
+from spinn.ground.collector import forget_pauses, freeze_for_life, gc_frozen, gc_paused
 from spinn.ground.cores import use_threads
 from spinn.parsing.parser_settings import ParserSettings, resolve_gpu
 from spinn.parsing.protocol import Parsed, Unparsed
@@ -38,14 +38,17 @@ _WORKER: StanzaRunner | None = None
 
 def can_fork(use_gpu: bool) -> bool:
     """Whether workers may be forked from this process: Linux, Stanza on the CPU (a forked child cannot use
-    the parent's CUDA state), and no other thread running (a child gets only the forking thread, and any lock
-    another thread held stays locked in it: a Prefect or Dask worker process spawns instead)."""
+    the parent's CUDA state), and no other thread running but the command's own watcher (a child gets only
+    the forking thread, and any lock another thread held stays locked in it: a Prefect or Dask worker
+    process spawns instead)."""
     import multiprocessing
 
+    current = threading.current_thread()
+    others = [thread for thread in threading.enumerate() if thread is not current and thread.name != WATCHER]
     return (
         sys.platform.startswith(FORK_PLATFORM)
         and not use_gpu
-        and threading.active_count() == 1
+        and not others
         and "fork" in multiprocessing.get_all_start_methods()
     )
 
@@ -89,12 +92,28 @@ def parse_in_worker(texts: list[str]) -> tuple[dict[str, Parsed | Unparsed], flo
 
 
 def start_tokenizers(workers: int) -> ProcessPoolExecutor:
-    """`workers` spawned processes that tokenize (`tokenize_in_worker`), ending with this process."""
+    """`workers` processes that tokenize (`tokenize_in_worker`), ending with this process, started now: forked
+    where no other thread runs (at once, and a script that calls spinn needs no `__main__` guard, which a
+    spawned child would re-import), else spawned (a fresh interpreter: it imports the tokenizer alone)."""
     import multiprocessing
 
-    return ProcessPoolExecutor(
-        workers, mp_context=multiprocessing.get_context("spawn"), initializer=exit_with_parent, initargs=(os.getpid(),)
+    method = "fork" if can_fork(use_gpu=False) else "spawn"  # the child never asks CUDA anything
+    pool = ProcessPoolExecutor(
+        workers,
+        mp_context=multiprocessing.get_context(method),
+        initializer=_adopt_tokenizer,
+        initargs=(os.getpid(),),
     )
+    with gc_frozen():  # forked children are made here, and what they inherit stays frozen
+        for _ in range(workers):
+            pool.submit(time.sleep, 0)
+    return pool
+
+
+def _adopt_tokenizer(parent: int) -> None:
+    exit_with_parent(parent)
+    forget_pauses()  # a forked child inherits the pause of the shard that started it, not the shard's end
+    freeze_for_life()
 
 
 def tokenize_in_worker(texts: list[str]) -> list[list[str]]:
