@@ -1484,7 +1484,7 @@ def part_resume(part: Part) -> None:
         label = "deterministic" if exact else "default"
         try:
             with deterministic(exact):
-                straight, second, resumed = _resume_pair(part, files, label, steps, half, again=not exact)
+                straight, second, resumed = _resume_pair(part, files, label, steps, half, again=not exact, calm=exact)
         except RuntimeError as error:
             if not exact or "deterministic" not in str(error):
                 raise
@@ -1513,14 +1513,28 @@ def part_resume(part: Part) -> None:
 
 
 def _resume_pair(
-    part: Part, files: Prepared, label: str, steps: int, half: int, graphs: bool = True, again: bool = False
+    part: Part,
+    files: Prepared,
+    label: str,
+    steps: int,
+    half: int,
+    graphs: bool = True,
+    again: bool = False,
+    calm: bool = False,
 ) -> tuple[dict, dict | None, dict]:
     """Straight to `steps` (a second time when `again`), and `half` + resume to `steps`: the runs' end states.
     Also checks that the resumed run starts from the state the stopped one ended in (weights, optimizer,
     rates, random streams), and records the first step whose loss differs from the straight run's: together
-    they tell a state the checkpoint lost from a step that runs differently after a resume."""
+    they tell a state the checkpoint lost from a step that runs differently after a resume. `calm`: also
+    straight with the dev evaluation at `half` left out (the resumed run has none there either), which must
+    end bit-equal: an evaluation that touched training would show here."""
     straight, straight_losses = _resume_run(part, files, f"{label}-straight", steps, half, graphs=graphs)
     second = _resume_run(part, files, f"{label}-straight-again", steps, half, graphs=graphs)[0] if again else None
+    if calm:
+        calmer, calm_losses = _resume_run(part, files, f"{label}-calm", steps, half, graphs=graphs, eval_every=steps)
+        apart = relative_differences(calmer, straight)
+        part.check(f"{label}: evaluation leaves training as it was", apart["bit_equal"], calm_vs_straight=apart)
+        part.record(**{f"first step apart {label} calm": first_step_apart(straight_losses, calm_losses)})
     stopped, _ = _resume_run(part, files, f"{label}-resumed", half, half, graphs=graphs)
     start = relative_differences(_resumed_start(part, files, f"{label}-resumed", steps, half, graphs), stopped)
     part.check(f"{label}: resumed from the stopped state", start["bit_equal"], started_vs_stopped=start)
@@ -1529,20 +1543,35 @@ def _resume_pair(
     return straight, second, resumed
 
 
-def _resume_config(part: Part, files: Prepared, steps: int, every: int, graphs: bool):
+def _resume_config(part: Part, files: Prepared, steps: int, every: int, graphs: bool, **changes: Any):
     return train_config(
-        part, files, "spinn", steps, part.sizes.resume_batch, every, graphs=graphs, log_every=RESUME_LOG_EVERY
+        part,
+        files,
+        "spinn",
+        steps,
+        part.sizes.resume_batch,
+        every,
+        graphs=graphs,
+        log_every=RESUME_LOG_EVERY,
+        **changes,
     )
 
 
 def _resume_run(
-    part: Part, files: Prepared, name: str, steps: int, every: int, resume: bool = False, graphs: bool = True
+    part: Part,
+    files: Prepared,
+    name: str,
+    steps: int,
+    every: int,
+    resume: bool = False,
+    graphs: bool = True,
+    **changes: Any,
 ) -> tuple[dict, dict[int, float]]:
     """One training run's state after it stopped (`training_state`) and its logged loss by step (also in the
-    part's result)."""
+    part's result); `changes`: other training settings."""
     import gc
 
-    config = _resume_config(part, files, steps, every, graphs)
+    config = _resume_config(part, files, steps, every, graphs, **changes)
     run, state, log = train_without_tracking(part, files, config, part.work / "resume" / name, resume=resume)
     losses = {step: metrics["train_loss"] for step, metrics in log.logged if "train_loss" in metrics}
     part.record(**{f"losses {name}{' resumed' if resume else ''}": losses, f"steps {name}": state.step})
