@@ -255,7 +255,9 @@ def test_the_dry_run_rehearses_every_part_on_the_cpu(snli_dev, tmp_path):
     nccl = parts["nccl"]["result"]
     assert nccl["rank"]["backend"] == "gloo" and nccl["rank"]["world"] == 1 and nccl["apart"]["bit_equal"]
     label = parts["label"]["result"]
-    assert parts["label"]["checks"]["every pair labelled"] and label["distinct_sentences"] > label["pairs"]
+    assert parts["label"]["checks"] == {"every pair labelled (labels)": True, "every pair labelled (labels-1024)": True}
+    assert label["distinct_sentences"] > label["pairs"] and "--batch-size 1024" in label["large_batch"]["command"]
+    assert label["summary"].count("model stage") == 2 and "n/a" not in label["summary"]
     assert all(details["agreement"] == 1.0 for details in parts["cuda_cpu_labels"]["result"]["details"].values())
     replays = dict(parts["graphs_train"]["checks"])
     assert replays.pop("a refused capture runs eagerly") is None  # nothing is captured on a CPU
