@@ -57,7 +57,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -102,6 +102,9 @@ TORCHRUN_ERROR_LINES = 80
 
 GPU_IMAGE = ("torch", "numpy", "pyarrow", "pytest")
 """What the GPU image has besides the standard library (and these packages' own requirements)."""
+KERNEL_COMPILER = "triton"
+"""The cells' kernel's compiler (spinn/model/cell_kernel.py): torch's CUDA wheels require it; without it the
+cells run as torch ops."""
 WHEELS = (
     "pydantic",
     "pydantic-core",
@@ -1019,7 +1022,10 @@ def part_device(part: Part) -> None:
             devices=torch.cuda.device_count(),
             cudnn=torch.backends.cudnn.version(),
         )
-    info["summary"] = f"{info['device_name']}, torch {info['torch']}, CUDA {info['cuda']}"
+    triton = info["packages"][KERNEL_COMPILER]
+    info["summary"] = f"{info['device_name']}, torch {info['torch']}, CUDA {info['cuda']}, " + (
+        f"Triton {triton}" if triton else "no Triton (the cells run as torch ops)"
+    )
     part.record(**info)
     if part.dry:
         hidden = {name: importlib.util.find_spec(name) is None for name in NEVER_IMPORTED}
@@ -1032,7 +1038,7 @@ def _package_versions() -> dict[str, str | None]:
     from importlib import metadata
 
     versions: dict[str, str | None] = {}
-    for name in (*GPU_IMAGE, *WHEELS):
+    for name in (*GPU_IMAGE, KERNEL_COMPILER, *WHEELS):
         try:
             versions[name] = metadata.version(name)
         except metadata.PackageNotFoundError:
@@ -1074,13 +1080,74 @@ def part_equality(part: Part) -> None:
                 worst[dtype] = max(worst[dtype], found["worst"])
                 held = found["transitions_equal"] and found["worst"] <= tolerance
                 part.check(f"{variant} {source.value} {str(dtype).removeprefix('torch.')}", held, **found)
+    cases = len(part.checks)
     held = sum(1 for passed in part.checks.values() if passed)
+    kernel = _check_cell_kernel(part)
     part.record(
         worst_float64=worst[torch.float64],
         worst_float32=worst[torch.float32],
-        summary=f"fused = spec in {held}/{len(part.checks)} cases (worst relative: float64 "
-        f"{worst[torch.float64]:.1e}, float32 {worst[torch.float32]:.1e})",
+        summary=f"fused = spec in {held}/{cases} cases (worst relative: float64 "
+        f"{worst[torch.float64]:.1e}, float32 {worst[torch.float32]:.1e}); cell kernel = torch ops: "
+        + ("n/a" if kernel is None else "yes" if kernel else "NO"),
     )
+
+
+CELL_KERNEL_TOLERANCE = {"float64": 1e-12, "float32": 2e-6}
+"""The cells' Triton kernel against their torch ops, |kernel - ops| / (1 + |ops|): a few units in the last
+place (its tanh is 2 sigmoid(2x) - 1)."""
+TAPED = ("sig", "tanh_candidate", "tanh_c")
+"""What a cell step records on its tape for the backward, besides its h and c."""
+
+
+def _check_cell_kernel(part: Part) -> bool | None:
+    """On CUDA, where the fused loops use it (so fused = spec above held with it): one step of each cell in
+    the kernel against the torch ops, every buffer it writes, and that the kernel ran at all."""
+    import torch
+
+    from spinn.model import cells
+
+    if part.device.type != "cuda" and not cells.KERNEL_ON_CPU:
+        return part.check(
+            "cell kernel = torch ops", None, note="no CUDA here (its tests run it in Triton's interpreter)"
+        )
+    generator = torch.Generator(device=part.device).manual_seed(SEED)
+    d, details, held = part.sizes.speed_d, {}, True
+    for cell in (cells.Reduce(d, part.sizes.d_tracker), cells.Tracker(d, part.sizes.d_tracker, predict=True)):
+        for dtype in (torch.float64, torch.float32):
+            cell = cell.to(part.device, dtype)
+            ran, gaps = _cell_step_gaps(cell, generator)
+            details[f"{type(cell).__name__} {str(dtype).removeprefix('torch.')}"] = {"kernel ran": ran, **gaps}
+            held = held and ran and max(gaps.values()) <= CELL_KERNEL_TOLERANCE[str(dtype).removeprefix("torch.")]
+    return part.check("cell kernel = torch ops", held, **details)
+
+
+def _cell_step_gaps(cell, generator, rows: int = 37) -> tuple[bool, dict[str, float]]:
+    """Whether the kernel ran a step of `cell` on random gates and children's c (its device and dtype), and
+    how far each buffer it wrote is from the torch ops', |kernel - ops| / (1 + |ops|) at worst."""
+    import torch
+
+    from spinn.model import cell_kernel
+
+    weight = cell.linear.weight
+    gates = torch.randn(rows, cell.gate_width, device=weight.device, dtype=weight.dtype, generator=generator)
+    children = [torch.randn(rows, cell.width, device=weight.device, dtype=weight.dtype, generator=generator)]
+    tapes, ran = [], False
+    for kernel in (True, False):
+        like = gates.new_empty(0)
+        tape = cell.tape(like, [rows], [gates.new_empty(rows, cell.width)], [gates.new_empty(rows, cell.width)])
+        pre = tape.gates[0].copy_(gates)  # as a fused loop's GEMMs write them: the tape's views read there
+        with nullcontext() if kernel else cell_kernel.disabled():
+            if not (
+                kernel and (ran := cell_kernel.fused_step(pre, children * cell.n_children, tape.out[0], cell.width))
+            ):
+                cell.step(pre, children * cell.n_children, tape.out[0])
+        tapes.append(tape)
+    found, expected = tapes
+    pairs = {buffer: (getattr(found, buffer), getattr(expected, buffer)) for buffer in TAPED}
+    pairs.update(h=(found.out[0].h, expected.out[0].h), c=(found.out[0].c, expected.out[0].c))
+    return ran, {
+        key: ((mine - theirs).abs() / (1 + theirs.abs())).max().item() for key, (mine, theirs) in pairs.items()
+    }
 
 
 def _fused_against_spec(part: Part, variant: str, source, dtype, batch, vocab_size: int) -> dict[str, Any]:
@@ -1636,16 +1703,21 @@ class SpeedRow:
     amp: bool = False
     goal: int | None = None
     """pairs/s the issue asks for on an H100 (PI 300D)."""
+    cell_kernel: bool = True
+    """False: the cells' torch ops instead of their Triton kernel (spinn/model/cell_kernel.py), side by side."""
 
     def label(self, sizes: Sizes) -> str:
         batch = sizes.speed_large_batch if self.large else sizes.speed_batch
-        return f"{self.mode} {batch}" + ("" if self.mode != "infer" else " bf16" if self.amp else " fp32")
+        label = f"{self.mode} {batch}" + ("" if self.mode != "infer" else " bf16" if self.amp else " fp32")
+        return label + ("" if self.cell_kernel else " torch cells")
 
 
 SPEED_ROWS = (
     SpeedRow("train", "train", large=False, goal=40_000),
+    SpeedRow("train", "train", large=False, cell_kernel=False),
     SpeedRow("train_large", "train", large=True, goal=80_000),
     SpeedRow("infer", "infer", large=True, goal=200_000),
+    SpeedRow("infer", "infer", large=True, cell_kernel=False),
     SpeedRow("infer", "infer", large=True, amp=True, goal=200_000),
     SpeedRow("loop", "loop", large=False),
 )
@@ -1660,9 +1732,12 @@ def part_speed(part: Part) -> None:
     training step: kernels per step, the GPU's busy share, aten ops and host syncs."""
     sizes = part.sizes
     found: dict[str, dict[str, Any]] = {}
+    from spinn.model import cell_kernel
+
     for row in SPEED_ROWS:
         batch = sizes.speed_large_batch if row.large else sizes.speed_batch
-        found[row.label(sizes)] = _bench(part, row.role, mode=row.mode, batch_size=batch, amp=row.amp)
+        with nullcontext() if row.cell_kernel else cell_kernel.disabled():
+            found[row.label(sizes)] = _bench(part, row.role, mode=row.mode, batch_size=batch, amp=row.amp)
         part.record(benches=found, rows=_speed_rows(part, found))
     profiled = not part.dry  # the kernel profile needs CUDA; the dry run counts aten ops only
     profile = _bench(part, "profile", mode="train", batch_size=sizes.speed_batch, count_ops=True, profile=profiled)
@@ -1684,12 +1759,13 @@ def _bench(part: Part, steps: str, **settings: Any) -> dict[str, Any]:
 def _speed_rows(part: Part, found: dict[str, dict[str, Any]]) -> list[str]:
     """One line per bench: pairs/s, ms per step, the epoch it makes, peak memory, and (GPU) its goal."""
     goals = {row.label(part.sizes): row.goal for row in SPEED_ROWS}
+    width = max(map(len, found))
     rows = []
     for label, result in found.items():
         rate, goal = result["pairs_per_second"], goals.get(label)
         met = "" if goal is None or part.dry else f"  goal >= {goal:,}: {'met' if rate >= goal else 'NOT met'}"
         rows.append(
-            f"{label:<16} {rate:>10,.0f} pairs/s {result['seconds_per_step'] * 1000:>7.1f} ms/step "
+            f"{label:<{width}} {rate:>10,.0f} pairs/s {result['seconds_per_step'] * 1000:>7.1f} ms/step "
             f"epoch {part.sizes.epoch_pairs / rate:>7.1f} s  peak {result['peak_memory_bytes'] / 2**20:>6.0f} MiB{met}"
         )
     return rows

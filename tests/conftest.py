@@ -31,6 +31,11 @@ import pytest
 from filelock import FileLock
 
 import spinn  # noqa: F401  (before any test loads torch: OpenMP's wait as every spinn process has it)
+
+# Triton decides when it loads whether it runs kernels in its interpreter, on the CPU: the cells' GPU kernel is
+# tested so (tests/test_cell_kernel.py). Nothing else loads Triton on a CPU, and nothing runs the kernel there
+# unless a test sets spinn.model.cells.KERNEL_ON_CPU, so the processes tests start may inherit it.
+os.environ["TRITON_INTERPRET"] = "1"
 from tests.helpers import (
     FREE_CORES_SEEN,
     PREPARED_DEV_PAIRS,

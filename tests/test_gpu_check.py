@@ -134,6 +134,29 @@ def test_the_gpu_only_branches_judge_and_print_what_a_gpu_would_give(tmp_path):
     assert driver._figures(crashed) == "RuntimeError: CUDA error: an illegal memory access"
 
 
+def test_the_cell_kernel_check_compares_every_buffer_it_writes_and_sees_it_run(tmp_path, monkeypatch):
+    """The equality part's kernel check, which only a GPU reaches, here with the kernel in Triton's interpreter:
+    both cells, both float types; a tolerance nothing meets makes it fail."""
+    pytest.importorskip("triton", reason="Triton installs on Linux x86_64 only (pyproject's dev extra)")
+    from spinn.model import cells
+
+    monkeypatch.setattr(cells, "KERNEL_ON_CPU", True)
+    arguments = argparse.Namespace(
+        part="equality", rank_of=None, dry_run=True, work=tmp_path, data=tmp_path, result=None
+    )
+    part = driver.Part(arguments)
+    held = driver._check_cell_kernel(part)
+    details = part.result["details"]["cell kernel = torch ops"]
+    assert held is True, details
+    assert sorted(details) == ["Reduce float32", "Reduce float64", "Tracker float32", "Tracker float64"]
+    assert all(
+        found["kernel ran"] and set(found) >= {"sig", "tanh_candidate", "tanh_c", "h", "c"}
+        for found in details.values()
+    )
+    monkeypatch.setitem(driver.CELL_KERNEL_TOLERANCE, "float32", -1.0)
+    assert driver._check_cell_kernel(part) is False
+
+
 def test_the_first_step_apart_is_the_first_shared_step_whose_loss_differs():
     """A resumed run logs from the step after its stop: steps only one run logged are not compared."""
     straight = {1: 4.5, 2: 4.25, 3: 2.0, 4: 1.5}
@@ -237,10 +260,12 @@ def test_the_dry_run_rehearses_every_part_on_the_cpu(snli_dev, tmp_path):
 
     assert parts["device"]["checks"] == {"import blocker active": True}
     equality = parts["equality"]
-    assert len(equality["checks"]) == 14 and all(equality["checks"].values())
+    fused_spec = dict(equality["checks"])
+    assert fused_spec.pop("cell kernel = torch ops") is None  # the kernel runs on a GPU (its own check above)
+    assert len(fused_spec) == 14 and all(fused_spec.values())
     assert equality["result"]["worst_float64"] <= 1e-10 and equality["result"]["worst_float32"] <= 1e-5
-    for details in equality["result"]["details"].values():
-        assert details["transitions_equal"]
+    for name, details in equality["result"]["details"].items():
+        assert name == "cell kernel = torch ops" or details["transitions_equal"]
     resume = parts["resume"]
     assert resume["checks"] == {
         "default: resumed from the stopped state": True,

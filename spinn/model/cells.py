@@ -32,6 +32,8 @@ from spinn.model.config import N_ACTIONS, SPINNConfig
 
 GATES_BESIDE_FORGETS = 3
 """The candidate, the input gate and the output gate; each child adds a forget gate."""
+KERNEL_ON_CPU = False
+"""Whether the cell's kernel also runs on CPU tensors: only the tests set it, with Triton's interpreter on."""
 
 
 class GateViews(NamedTuple):
@@ -137,7 +139,13 @@ class GatedCell(nn.Module):
         """The cell on pre-activations: gates (R, G), the children's c (R, D) each -> h, c (R, D).
 
         `out`: buffers to write into (the fused loop's, so a step allocates nothing and can be
-        captured in a CUDA graph); FRESH makes new tensors, which autograd can differentiate."""
+        captured in a CUDA graph); FRESH makes new tensors, which autograd can differentiate. Into buffers
+        on a GPU, one Triton kernel does the step (spinn/model/cell_kernel.py) where it can."""
+        if out.h is not None and (gates.is_cuda or KERNEL_ON_CPU):
+            from spinn.model.cell_kernel import fused_step  # imports Triton: only where the kernel may run
+
+            if fused_step(gates, c_children, out, self.width):
+                return out.h, out.c
         sig = torch.sigmoid(gates, out=out.sig)  # (R, G)
         views = out.views or self.gate_views(gates, sig)
         forgets = out.forgets or views.forgets.unbind(-2)  # (R, D) each

@@ -1,0 +1,148 @@
+"""A gated cell's step in one Triton kernel: the fused loops' path on a GPU.
+
+`GatedCell.step` (spinn/model/cells.py) writes a step into a fused loop's
+buffers with seven to eight elementwise torch ops (sigmoid, tanh, the c update,
+tanh, the output), each a kernel of its own. On a GPU a training step is bound
+by its number of kernels, not its arithmetic (README's GPU section), so
+`fused_step` does the same arithmetic in one kernel, reading the
+pre-activations and the children's c once and writing the step's record (the
+sigmoids, tanh of the candidate and of c) and its h and c.
+
+Chosen at run time: cells.py imports this module (and with it Triton) only for
+a step on CUDA tensors that writes into a loop's buffers, never under autograd.
+Without Triton, or once the kernel fails to build or launch (one warning, then
+off for the process), the torch ops run as before; `disabled()` turns it off
+for a block (the GPU check's side-by-side timing). On a CPU it runs only in
+the tests, under Triton's interpreter (TRITON_INTERPRET=1, set before Triton
+loads), which checks its arithmetic against the torch ops.
+
+tanh(x) is 2 sigmoid(2x) - 1 here (Triton's core language has no tanh): within
+a few float32 units of torch's in absolute terms, not near zero in relative.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # a CPU install: the torch ops run
+    triton = None
+
+LOG = logging.getLogger(__name__)
+MAX_BLOCK = 1024
+"""Columns one program handles at most (a cell's width is its hidden size: 300 for the paper's models)."""
+DTYPES = (torch.float32, torch.float64)
+"""A fused loop's cell state: float32 (also under autocast, whose gates are cast to it) or float64 (tests)."""
+
+_state = {"enabled": triton is not None}
+
+
+@contextmanager
+def disabled() -> Iterator[None]:
+    """The torch ops instead of the kernel during the block."""
+    before = _state["enabled"]
+    _state["enabled"] = False
+    try:
+        yield
+    finally:
+        _state["enabled"] = before
+
+
+def fused_step(gates: Tensor, c_children: Sequence[Tensor], out: Any, width: int) -> bool:
+    """Write the step of a gated cell of `width` over `gates` (R, G) and its children's c, (R, D) each, into
+    `out`'s buffers (a cells.StepOut) with the kernel; False, with nothing written, where it does not apply."""
+    if not _state["enabled"] or not _fits(gates, c_children, out):
+        return False
+    rows = gates.shape[0]
+    if rows == 0:
+        return True
+    block = min(MAX_BLOCK, 1 << (width - 1).bit_length())
+    children = (*c_children, c_children[0])[:2]  # one child: the second is never read
+    outputs = (out.sig, out.tanh_candidate, out.tanh_c, out.h, out.c)
+    try:
+        _gated_step[(rows, -(-width // block))](
+            gates,
+            *outputs,
+            *children,
+            *(tensor.stride(0) for tensor in (gates, *outputs, *children)),
+            width,
+            CHILDREN=len(c_children),
+            BLOCK=block,
+        )
+    except Exception as error:  # Triton raises many kinds (compilation, launch): each means "not here"
+        _state["enabled"] = False
+        LOG.warning("the gated cell's Triton kernel failed (%s); the cells run as torch ops from now on", error)
+        return False
+    return True
+
+
+def _fits(gates: Tensor, c_children: Sequence[Tensor], out: Any) -> bool:
+    """Every buffer given, all of one float dtype, rows of unit column stride; one or two children."""
+    if out.h is None or len(c_children) not in (1, 2) or gates.dtype not in DTYPES:
+        return False
+    tensors = (gates, out.sig, out.tanh_candidate, out.tanh_c, out.h, out.c, *c_children)
+    return all(tensor.dtype == gates.dtype and tensor.dim() == 2 and tensor.stride(1) == 1 for tensor in tensors)
+
+
+if triton is not None:
+
+    @triton.jit
+    def _tanh(x):
+        return 2 * tl.sigmoid(2 * x) - 1
+
+    @triton.jit
+    def _gated_step(
+        pre,
+        sig,
+        tanh_candidate,
+        tanh_c,
+        h,
+        c,
+        c_first,
+        c_second,
+        pre_row,
+        sig_row,
+        tanh_candidate_row,
+        tanh_c_row,
+        h_row,
+        c_row,
+        c_first_row,
+        c_second_row,
+        width,
+        CHILDREN: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """One row, BLOCK columns: gates [candidate | input | forget per child | output], each `width` wide."""
+        row = tl.program_id(0)
+        columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = columns < width
+        gates = pre + row * pre_row + columns
+        sigmoids = sig + row * sig_row + columns
+        candidate = tl.load(gates, mask=inside)
+        tl.store(sigmoids, tl.sigmoid(candidate), mask=inside)  # unread, but torch.sigmoid writes it too
+        input_gate = tl.sigmoid(tl.load(gates + width, mask=inside))
+        tl.store(sigmoids + width, input_gate, mask=inside)
+        forget = tl.sigmoid(tl.load(gates + 2 * width, mask=inside))
+        tl.store(sigmoids + 2 * width, forget, mask=inside)
+        cell = forget * tl.load(c_first + row * c_first_row + columns, mask=inside)
+        if CHILDREN == 2:
+            forget = tl.sigmoid(tl.load(gates + 3 * width, mask=inside))
+            tl.store(sigmoids + 3 * width, forget, mask=inside)
+            cell += forget * tl.load(c_second + row * c_second_row + columns, mask=inside)
+        output_gate = tl.sigmoid(tl.load(gates + (2 + CHILDREN) * width, mask=inside))
+        tl.store(sigmoids + (2 + CHILDREN) * width, output_gate, mask=inside)
+        squashed = _tanh(candidate)
+        tl.store(tanh_candidate + row * tanh_candidate_row + columns, squashed, mask=inside)
+        cell += squashed * input_gate
+        tl.store(c + row * c_row + columns, cell, mask=inside)  # after every read of c_first: they may alias
+        squashed_cell = _tanh(cell)
+        tl.store(tanh_c + row * tanh_c_row + columns, squashed_cell, mask=inside)
+        tl.store(h + row * h_row + columns, output_gate * squashed_cell, mask=inside)
