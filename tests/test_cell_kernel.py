@@ -1,11 +1,11 @@
-"""The gated cell's Triton kernel (spinn/model/cell_kernel.py), run by Triton's interpreter on the CPU.
+"""The gated cell's Triton kernels (spinn/model/cell_kernel.py), run by Triton's interpreter on the CPU.
 
-On a GPU the fused loops' cell steps run as one kernel each; here the same
-kernel runs in Triton's interpreter, in float64 and float32, inside the real
-fused loop (forward, the hand-written backward that reads the tape the kernel
-wrote, and the inference loop whose tracker updates c in place), against the
-same loop on torch ops. A kernel that fails turns itself off with one warning.
-Small batches: the interpreter runs every program of a launch in Python.
+On a GPU the fused loops' cell steps, forward and backward, run as one kernel
+each; here the same kernels run in Triton's interpreter, in float64 and
+float32, inside the real fused loop (forward, the hand-written backward, and
+the inference loop whose tracker updates c in place), against the same loop
+on torch ops. A kernel that fails turns itself off with one warning. Small
+batches: the interpreter runs every program of a launch in Python.
 """
 
 from __future__ import annotations
@@ -41,10 +41,11 @@ def kernel(monkeypatch):
     monkeypatch.setattr(cells, "KERNEL_ON_CPU", True)
     from spinn.model import cell_kernel as module
 
-    done = []
-    original = module.fused_step
-    monkeypatch.setattr(module, "fused_step", lambda *args: done.append(original(*args)) or done[-1])
-    module.done = done
+    done, backward = [], []
+    step, gradients = module.fused_step, module.fused_gate_gradients
+    monkeypatch.setattr(module, "fused_step", lambda *args: done.append(step(*args)) or done[-1])
+    monkeypatch.setattr(module, "fused_gate_gradients", lambda *args: backward.append(gradients(*args)) or backward[-1])
+    module.done, module.backward = done, backward
     return module
 
 
@@ -59,11 +60,13 @@ def test_the_kernel_trains_as_the_torch_ops_do(kernel, variant, source, dtype):
     batch, vocab_size = synthetic_batch(pairs=3, longest=5)
     with_kernel, with_ops = (tiny_model(variant, vocab_size).to(dtype).train() for _ in range(2))
     found = run(with_kernel, source, batch)
-    steps = len(kernel.done)
+    steps, backward_steps = len(kernel.done), len(kernel.backward)
     assert steps and all(kernel.done), "every step of the loop ran the kernel"
+    assert backward_steps and all(kernel.backward), "and every step of its backward"
     with kernel.disabled():
         expected = run(with_ops, source, batch)
     assert len(kernel.done) == 2 * steps and not any(kernel.done[steps:]), "disabled: the torch ops ran"
+    assert not any(kernel.backward[backward_steps:])
     tolerance = FLOAT64_TOLERANCE if dtype is torch.float64 else FLOAT32_TOLERANCE
     assert torch.equal(found.transitions, expected.transitions)
     torch.testing.assert_close(found.logits, expected.logits, rtol=tolerance, atol=tolerance)

@@ -6,7 +6,9 @@ tanh, the output), each a kernel of its own. On a GPU a training step is bound
 by its number of kernels, not its arithmetic (README's GPU section), so
 `fused_step` does the same arithmetic in one kernel, reading the
 pre-activations and the children's c once and writing the step's record (the
-sigmoids, tanh of the candidate and of c) and its h and c.
+sigmoids, tanh of the candidate and of c) and its h and c. `fused_gate_gradients`
+does the same for the backward's step of a cell (the gradient reaching c, then
+the pre-activations' gradient: three torch kernels).
 
 Chosen at run time: cells.py imports this module (and with it Triton) only for
 a step on CUDA tensors that writes into a loop's buffers, never under autograd.
@@ -84,12 +86,56 @@ def fused_step(gates: Tensor, c_children: Sequence[Tensor], out: Any, width: int
     return True
 
 
+def fused_gate_gradients(
+    grad_h: Tensor,
+    grad_c: Tensor,
+    local: tuple[Tensor, Tensor, Tensor],
+    dc: Tensor,
+    to_c: Tensor,
+    to_output: Tensor,
+) -> bool:
+    """The backward's step of a gated cell, as `GateBackward.gates` computes it, in one kernel: with `local` the
+    step's (h_from_c, c_from_gates, h_from_output), dc = grad_c + grad_h h_from_c, to_c = c_from_gates dc,
+    to_output = h_from_output grad_h. Every tensor (R, blocks, D); False, with nothing written, where the
+    kernel does not apply."""
+    h_from_c, c_from_gates, h_from_output = local
+    tensors = (grad_h, grad_c, h_from_c, c_from_gates, h_from_output, dc, to_c, to_output)
+    if not _state["enabled"] or not _all_fit(tensors, dims=3):
+        return False
+    rows, blocks, width = c_from_gates.shape
+    if rows == 0:
+        return True
+    block = min(MAX_BLOCK, 1 << (width - 1).bit_length())
+    try:
+        _gate_gradients[(rows, -(-width // block))](
+            *tensors,
+            *(tensor.stride(0) for tensor in tensors),
+            c_from_gates.stride(1),
+            to_c.stride(1),
+            width,
+            BLOCKS=blocks,
+            BLOCK=block,
+        )
+    except Exception as error:  # as in fused_step
+        _state["enabled"] = False
+        LOG.warning("the gated cell's Triton kernel failed (%s); the cells run as torch ops from now on", error)
+        return False
+    return True
+
+
+def _all_fit(tensors: Sequence[Tensor], dims: int) -> bool:
+    """All of one float dtype, `dims` dimensions, unit stride along the last."""
+    dtype = tensors[0].dtype
+    return dtype in DTYPES and all(
+        tensor.dtype == dtype and tensor.dim() == dims and tensor.stride(-1) == 1 for tensor in tensors
+    )
+
+
 def _fits(gates: Tensor, c_children: Sequence[Tensor], out: Any) -> bool:
     """Every buffer given, all of one float dtype, rows of unit column stride; one or two children."""
-    if out.h is None or len(c_children) not in (1, 2) or gates.dtype not in DTYPES:
+    if out.h is None or len(c_children) not in (1, 2):
         return False
-    tensors = (gates, out.sig, out.tanh_candidate, out.tanh_c, out.h, out.c, *c_children)
-    return all(tensor.dtype == gates.dtype and tensor.dim() == 2 and tensor.stride(1) == 1 for tensor in tensors)
+    return _all_fit((gates, out.sig, out.tanh_candidate, out.tanh_c, out.h, out.c, *c_children), dims=2)
 
 
 if triton is not None:
@@ -146,3 +192,41 @@ if triton is not None:
         squashed_cell = _tanh(cell)
         tl.store(tanh_c + row * tanh_c_row + columns, squashed_cell, mask=inside)
         tl.store(h + row * h_row + columns, output_gate * squashed_cell, mask=inside)
+
+    @triton.jit
+    def _gate_gradients(
+        grad_h,
+        grad_c,
+        h_from_c,
+        c_from_gates,
+        h_from_output,
+        dc,
+        to_c,
+        to_output,
+        grad_h_row,
+        grad_c_row,
+        h_from_c_row,
+        c_from_gates_row,
+        h_from_output_row,
+        dc_row,
+        to_c_row,
+        to_output_row,
+        c_from_gates_block,
+        to_c_block,
+        width,
+        BLOCKS: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        """One row, BLOCK columns: dc once, then each of the BLOCKS gate blocks that reach c, then the output's."""
+        row = tl.program_id(0)
+        columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = columns < width
+        upstream_h = tl.load(grad_h + row * grad_h_row + columns, mask=inside)
+        upstream_c = tl.load(grad_c + row * grad_c_row + columns, mask=inside)
+        reaching_c = upstream_c + upstream_h * tl.load(h_from_c + row * h_from_c_row + columns, mask=inside)
+        tl.store(dc + row * dc_row + columns, reaching_c, mask=inside)
+        for block in tl.static_range(BLOCKS):
+            local = tl.load(c_from_gates + row * c_from_gates_row + block * c_from_gates_block + columns, mask=inside)
+            tl.store(to_c + row * to_c_row + block * to_c_block + columns, local * reaching_c, mask=inside)
+        through_output = tl.load(h_from_output + row * h_from_output_row + columns, mask=inside) * upstream_h
+        tl.store(to_output + row * to_output_row + columns, through_output, mask=inside)

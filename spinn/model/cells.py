@@ -257,8 +257,15 @@ class GateBackward:
         self.dc = [dc] * steps if len(set(rows)) == 1 else [dc[:count] for count in rows]
 
     def gates(self, step: int, grad_h: Tensor, grad_c: Tensor) -> Tensor:
-        """grad_h, grad_c (rows, 1, D): the step's output gradients -> its pre-activations' gradient (rows, G)."""
+        """grad_h, grad_c (rows, 1, D): the step's output gradients -> its pre-activations' gradient (rows, G).
+        On a GPU one Triton kernel does it where it can (spinn/model/cell_kernel.py)."""
         dc = self.dc[step]
+        if grad_h.is_cuda or KERNEL_ON_CPU:
+            from spinn.model.cell_kernel import fused_gate_gradients  # imports Triton: only where it may run
+
+            local = (self.h_from_c[step], self.c_from_gates[step], self.h_from_output[step])
+            if fused_gate_gradients(grad_h, grad_c, local, dc, self.to_c_part[step], self.output_part[step]):
+                return self.flat[step]
         torch.addcmul(grad_c, grad_h, self.h_from_c[step], out=dc)
         torch.mul(self.c_from_gates[step], dc, out=self.to_c_part[step])
         torch.mul(self.h_from_output[step], grad_h, out=self.output_part[step])
