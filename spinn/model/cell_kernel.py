@@ -63,27 +63,10 @@ def fused_step(gates: Tensor, c_children: Sequence[Tensor], out: Any, width: int
     `out`'s buffers (a cells.StepOut) with the kernel; False, with nothing written, where it does not apply."""
     if not _state["enabled"] or not _fits(gates, c_children, out):
         return False
-    rows = gates.shape[0]
-    if rows == 0:
-        return True
-    block = min(MAX_BLOCK, 1 << (width - 1).bit_length())
     children = (*c_children, c_children[0])[:2]  # one child: the second is never read
-    outputs = (out.sig, out.tanh_candidate, out.tanh_c, out.h, out.c)
-    try:
-        _gated_step[(rows, -(-width // block))](
-            gates,
-            *outputs,
-            *children,
-            *(tensor.stride(0) for tensor in (gates, *outputs, *children)),
-            width,
-            CHILDREN=len(c_children),
-            BLOCK=block,
-        )
-    except Exception as error:  # Triton raises many kinds (compilation, launch): each means "not here"
-        _state["enabled"] = False
-        LOG.warning("the gated cell's Triton kernel failed (%s); the cells run as torch ops from now on", error)
-        return False
-    return True
+    tensors = (gates, out.sig, out.tanh_candidate, out.tanh_c, out.h, out.c, *children)
+    rows = (tensor.stride(0) for tensor in tensors)
+    return _launched(_gated_step, gates.shape[0], width, *tensors, *rows, CHILDREN=len(c_children))
 
 
 def fused_gate_gradients(
@@ -102,21 +85,21 @@ def fused_gate_gradients(
     tensors = (grad_h, grad_c, h_from_c, c_from_gates, h_from_output, dc, to_c, to_output)
     if not _state["enabled"] or not _all_fit(tensors, dims=3):
         return False
-    rows, blocks, width = c_from_gates.shape
+    count, blocks, width = c_from_gates.shape
+    rows = (tensor.stride(0) for tensor in tensors)
+    between_blocks = (c_from_gates.stride(1), to_c.stride(1))
+    return _launched(_gate_gradients, count, width, *tensors, *rows, *between_blocks, BLOCKS=blocks)
+
+
+def _launched(kernel: Any, rows: int, width: int, *arguments: Any, **constants: int) -> bool:
+    """Launch `kernel` over the rows and the columns' blocks (its last arguments: width, then BLOCK); False, and
+    the kernels off for the rest of the process, when Triton fails to build or launch it."""
     if rows == 0:
         return True
     block = min(MAX_BLOCK, 1 << (width - 1).bit_length())
     try:
-        _gate_gradients[(rows, -(-width // block))](
-            *tensors,
-            *(tensor.stride(0) for tensor in tensors),
-            c_from_gates.stride(1),
-            to_c.stride(1),
-            width,
-            BLOCKS=blocks,
-            BLOCK=block,
-        )
-    except Exception as error:  # as in fused_step
+        kernel[(rows, -(-width // block))](*arguments, width, BLOCK=block, **constants)
+    except Exception as error:  # Triton raises many kinds (compilation, launch): each means "not here"
         _state["enabled"] = False
         LOG.warning("the gated cell's Triton kernel failed (%s); the cells run as torch ops from now on", error)
         return False
