@@ -108,3 +108,10 @@ def test_a_kernel_that_fails_is_turned_off_with_one_warning_and_the_ops_run(kern
     with kernel.disabled():
         expected = run(sound, TransitionSource.GOLD, batch)
     torch.testing.assert_close(found.logits, expected.logits, rtol=0, atol=0)
+
+
+def test_the_environment_can_turn_the_kernel_off_for_a_run(kernel, monkeypatch):
+    monkeypatch.setenv(kernel.OFF_VARIABLE, kernel.OFF)
+    batch, vocab_size = synthetic_batch(pairs=3, longest=5)
+    run(tiny_model("pi", vocab_size).train(), TransitionSource.GOLD, batch)
+    assert kernel.done and not any(kernel.done) and kernel.backward and not any(kernel.backward)

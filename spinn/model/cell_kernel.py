@@ -14,7 +14,9 @@ Chosen at run time: cells.py imports this module (and with it Triton) only for
 a step on CUDA tensors that writes into a loop's buffers, never under autograd.
 Without Triton, or once the kernel fails to build or launch (one warning, then
 off for the process), the torch ops run as before; `disabled()` turns it off
-for a block (the GPU check's side-by-side timing). On a CPU it runs only in
+for a block (the GPU check's side-by-side timing), and SPINN_CELL_KERNEL=off in
+the environment for whole runs (a user's way out, should it misbehave on some
+GPU). On a CPU it runs only in
 the tests, under Triton's interpreter (TRITON_INTERPRET=1, set before Triton
 loads), which checks its arithmetic against the torch ops.
 
@@ -25,6 +27,7 @@ a few float32 units of torch's in absolute terms, not near zero in relative.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -39,6 +42,8 @@ except ImportError:  # a CPU install: the torch ops run
     triton = None
 
 LOG = logging.getLogger(__name__)
+OFF_VARIABLE, OFF = "SPINN_CELL_KERNEL", "off"
+"""SPINN_CELL_KERNEL=off: the torch ops everywhere, read at every step (a run's environment decides)."""
 MAX_BLOCK = 1024
 """Columns one program handles at most (a cell's width is its hidden size: 300 for the paper's models)."""
 DTYPES = (torch.float32, torch.float64)
@@ -61,7 +66,7 @@ def disabled() -> Iterator[None]:
 def fused_step(gates: Tensor, c_children: Sequence[Tensor], out: Any, width: int) -> bool:
     """Write the step of a gated cell of `width` over `gates` (R, G) and its children's c, (R, D) each, into
     `out`'s buffers (a cells.StepOut) with the kernel; False, with nothing written, where it does not apply."""
-    if not _state["enabled"] or not _fits(gates, c_children, out):
+    if not _on() or not _fits(gates, c_children, out):
         return False
     children = (*c_children, c_children[0])[:2]  # one child: the second is never read
     tensors = (gates, out.sig, out.tanh_candidate, out.tanh_c, out.h, out.c, *children)
@@ -83,12 +88,16 @@ def fused_gate_gradients(
     kernel does not apply."""
     h_from_c, c_from_gates, h_from_output = local
     tensors = (grad_h, grad_c, h_from_c, c_from_gates, h_from_output, dc, to_c, to_output)
-    if not _state["enabled"] or not _all_fit(tensors, dims=3):
+    if not _on() or not _all_fit(tensors, dims=3):
         return False
     count, blocks, width = c_from_gates.shape
     rows = (tensor.stride(0) for tensor in tensors)
     between_blocks = (c_from_gates.stride(1), to_c.stride(1))
     return _launched(_gate_gradients, count, width, *tensors, *rows, *between_blocks, BLOCKS=blocks)
+
+
+def _on() -> bool:
+    return _state["enabled"] and os.environ.get(OFF_VARIABLE) != OFF
 
 
 def _launched(kernel: Any, rows: int, width: int, *arguments: Any, **constants: int) -> bool:
