@@ -31,11 +31,6 @@ import pytest
 from filelock import FileLock
 
 import spinn  # noqa: F401  (before any test loads torch: OpenMP's wait as every spinn process has it)
-
-# Triton decides when it loads whether it runs kernels in its interpreter, on the CPU: the cells' GPU kernel is
-# tested so (tests/test_cell_kernel.py). Nothing else loads Triton on a CPU, and nothing runs the kernel there
-# unless a test sets spinn.model.cells.KERNEL_ON_CPU, so the processes tests start may inherit it.
-os.environ["TRITON_INTERPRET"] = "1"
 from tests.helpers import (
     FREE_CORES_SEEN,
     PREPARED_DEV_PAIRS,
@@ -60,6 +55,20 @@ for _name, _value in {
     os.environ.setdefault(_name, _value)
 
 os.environ.setdefault("STANZA_RESOURCES_DIR", str(STANZA_DIR))
+
+
+def _triton_interprets_without_a_gpu() -> None:
+    """Triton decides when it loads whether it runs kernels in its interpreter, on the CPU: the cells' GPU
+    kernels are tested so (tests/test_cell_kernel.py). Nothing else loads Triton on a CPU, and nothing runs the
+    kernels there unless a test sets spinn.model.cells.KERNEL_ON_CPU, so the processes tests start may inherit
+    it. Not on a machine with a GPU, whose tests run the kernels compiled."""
+    import torch  # after spinn (above)
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
+_triton_interprets_without_a_gpu()
 PREFECT_STARTUP_TIMEOUT_S = 120
 
 

@@ -37,7 +37,8 @@ FLOAT32_TOLERANCE = 1e-5
 def kernel(monkeypatch):
     """The cell kernel module (its kernel in Triton's interpreter), which the cells now call on CPU tensors,
     recording whether each step ran it."""
-    assert os.environ.get("TRITON_INTERPRET") == "1", "tests/conftest.py asks for Triton's interpreter"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("a GPU is here: tests/conftest.py left Triton compiling, and the GPU check runs the kernels")
     monkeypatch.setattr(cells, "KERNEL_ON_CPU", True)
     from spinn.model import cell_kernel as module
 
