@@ -14,7 +14,7 @@ import time
 import warnings
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
@@ -35,7 +35,7 @@ from spinn.ground.io import atomic_paths, publishing
 from spinn.ground.settings import Settings
 from spinn.parsing.parser import SentenceParser
 from spinn.parsing.parser_settings import ParserSettings
-from spinn.parsing.protocol import Parsed, Parser, Progress, Unparsed, told
+from spinn.parsing.protocol import BatchClock, Parsed, Parser, Progress, Unparsed, told
 from spinn.parsing.workers import start_tokenizers, tokenize_in_worker
 from spinn.trees.tokenize import tokenize
 
@@ -124,12 +124,12 @@ class TokenOnly:
             self._pool = None
 
 
-class Tokenizing:
+class Tokenizing(BatchClock):
     """TokenOnly's `submit` with workers: a `PendingParse` whose batches are tokenized in worker processes."""
 
     def __init__(self, tokens: TokenOnly, texts: list[str], progress: Progress | None) -> None:
-        self._tokens, self._started = tokens, time.perf_counter()
-        self._last_done = self._started
+        super().__init__()
+        self._tokens = tokens
         self._batches = [texts[start : start + TOKENIZE_BATCH] for start in range(0, len(texts), TOKENIZE_BATCH)]
         self._futures = [tokens.pool().submit(tokenize_in_worker, batch) for batch in self._batches]
         for batch, future in zip(self._batches, self._futures, strict=True):
@@ -138,27 +138,12 @@ class Tokenizing:
                 future.add_done_callback(told(progress, len(batch)))
         self.to_parse = len(texts)
 
-    def _done(self, _future: Future) -> None:
-        self._last_done = max(self._last_done, time.perf_counter())
-
     def result(self) -> dict[str, Parsed | Unparsed]:
         """One result per distinct text, in input order (waits for the batches still in the workers)."""
         outcome, results = self._tokens.outcome, {}
         for batch, future in zip(self._batches, self._futures, strict=True):
             results.update(zip(batch, map(outcome, future.result()), strict=True))
         return results
-
-    @property
-    def seconds(self) -> float:
-        """Wall seconds from the call until its last batch was tokenized."""
-        return self._last_done - self._started
-
-    def seconds_after(self, moment: float) -> float:
-        return max(self._last_done - max(self._started, moment), 0.0)
-
-    @property
-    def finished_at(self) -> float:
-        return self._last_done
 
 
 class ParseSettings(Settings):

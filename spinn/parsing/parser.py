@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
@@ -44,7 +43,7 @@ from spinn.parsing.parser_settings import (
     resolve_gpu,
     tokenization,
 )
-from spinn.parsing.protocol import Parsed, Progress, Unparsed, told
+from spinn.parsing.protocol import BatchClock, Parsed, Progress, Unparsed, told
 from spinn.parsing.stanza_pipeline import StanzaRunner
 from spinn.parsing.workers import can_fork, parse_in_worker, start_pool
 from spinn.trees.tokenize import tokenize
@@ -65,36 +64,18 @@ class ParseStats:
     parse_seconds: float = 0.0
 
 
-class PendingParses:
+class PendingParses(BatchClock):
     """The parses of one `submit` call: `result()` waits for the batches still running in workers."""
 
     def __init__(self, parser: SentenceParser, texts: list[str], keys: list[str]) -> None:
+        super().__init__()
         self._parser, self._texts, self._keys = parser, texts, keys
         self._early: dict[str, Parsed | Unparsed] = {}
         self._keys_by_text: dict[str, list[str]] = {}
         self._outcomes: dict[str, Parsed | Unparsed] = {}
         self._futures: dict[str, Future] = {}  # text -> the future of its batch (this call's or an earlier one's)
-        self._started = time.perf_counter()
-        self._last_done = self._started
         self.to_parse = 0
         """Distinct texts this call gives to Stanza (not cached, not already in flight)."""
-
-    @property
-    def seconds(self) -> float:
-        """Wall seconds from the call until its last batch was parsed (waiting for `result` not counted)."""
-        return self._last_done - self._started
-
-    def seconds_after(self, moment: float) -> float:
-        """Wall seconds of parsing after `moment` (perf_counter): time that parses of an earlier call,
-        queued ahead of this one's, did not already account for."""
-        return max(self._last_done - max(self._started, moment), 0.0)
-
-    @property
-    def finished_at(self) -> float:
-        return self._last_done
-
-    def _done(self, _future: Future | None = None) -> None:
-        self._last_done = max(self._last_done, time.perf_counter())
 
     def result(self) -> dict[str, Parsed | Unparsed]:
         """One result per distinct input text, keyed by that exact text, in input order."""

@@ -7,6 +7,7 @@ trees. The parse stage and the labeller take either through this protocol.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -35,6 +36,32 @@ Progress = Callable[[int], None]
 def told(progress: Progress, size: int) -> Callable[[Future], None]:
     """A batch future's done-callback that reports its batch's size."""
     return lambda _: progress(size)
+
+
+class BatchClock:
+    """When a `submit` call began and when the last of its batches finished: the timing half of a PendingParse
+    whose batches run in worker processes (`_done` is each batch future's done-callback)."""
+
+    def __init__(self) -> None:
+        self._started = time.perf_counter()
+        self._last_done = self._started
+
+    @property
+    def seconds(self) -> float:
+        """Wall seconds from the call until its last batch was done (waiting for `result` not counted)."""
+        return self._last_done - self._started
+
+    def seconds_after(self, moment: float) -> float:
+        """Wall seconds of work after `moment` (perf_counter): time that batches of an earlier call, queued
+        ahead of this one's, did not already account for."""
+        return max(self._last_done - max(self._started, moment), 0.0)
+
+    @property
+    def finished_at(self) -> float:
+        return self._last_done
+
+    def _done(self, _future: Future | None = None) -> None:
+        self._last_done = max(self._last_done, time.perf_counter())
 
 
 class PendingParse(Protocol):

@@ -58,20 +58,10 @@ def start_pool(settings: ParserSettings, pipeline: Any) -> ProcessPoolExecutor:
     process loaded, they are forked: they share its models (copy-on-write, inherited, nothing pickled) and
     parse at once, and are told the CPU so they never ask CUDA anything. Without it they are spawned (a fresh
     interpreter: no forked torch or CUDA state) and each loads Stanza itself."""
-    import multiprocessing
-
     forked = pipeline is not None
+    # a worker's parser: no cache (this process keeps it)
     own = settings.replace(workers=1, cache_path=None, device="cpu" if forked else settings.device)
-    pool = ProcessPoolExecutor(
-        settings.workers,
-        mp_context=multiprocessing.get_context("fork" if forked else "spawn"),
-        initializer=_adopt_worker,
-        initargs=(own, os.getpid(), pipeline),  # a worker's parser: no cache (this process keeps it)
-    )
-    with gc_frozen():  # forked children are made here, and stay frozen
-        for _ in range(settings.workers):
-            pool.submit(time.sleep, 0)
-    return pool
+    return _started(settings.workers, forked, _adopt_worker, (own, os.getpid(), pipeline))
 
 
 def _adopt_worker(settings: ParserSettings, parent: int, pipeline: Any) -> None:
@@ -95,16 +85,21 @@ def start_tokenizers(workers: int) -> ProcessPoolExecutor:
     """`workers` processes that tokenize (`tokenize_in_worker`), ending with this process, started now: forked
     where no other thread runs (at once, and a script that calls spinn needs no `__main__` guard, which a
     spawned child would re-import), else spawned (a fresh interpreter: it imports the tokenizer alone)."""
+    return _started(workers, can_fork(use_gpu=False), _adopt_tokenizer, (os.getpid(),))  # never asks CUDA anything
+
+
+def _started(workers: int, forked: bool, initializer: Any, initargs: tuple) -> ProcessPoolExecutor:
+    """A pool of `workers` processes, forked or spawned, each made now (not at its first task), so they are
+    ready when the batches come; forked children are made under gc_frozen, and what they inherit stays so."""
     import multiprocessing
 
-    method = "fork" if can_fork(use_gpu=False) else "spawn"  # the child never asks CUDA anything
     pool = ProcessPoolExecutor(
         workers,
-        mp_context=multiprocessing.get_context(method),
-        initializer=_adopt_tokenizer,
-        initargs=(os.getpid(),),
+        mp_context=multiprocessing.get_context("fork" if forked else "spawn"),
+        initializer=initializer,
+        initargs=initargs,
     )
-    with gc_frozen():  # forked children are made here, and what they inherit stays frozen
+    with gc_frozen():
         for _ in range(workers):
             pool.submit(time.sleep, 0)
     return pool
