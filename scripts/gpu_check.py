@@ -1131,16 +1131,17 @@ def _cell_step_gaps(cell, generator, rows: int = 37) -> tuple[bool, dict[str, fl
     weight = cell.linear.weight
     gates = torch.randn(rows, cell.gate_width, device=weight.device, dtype=weight.dtype, generator=generator)
     children = [torch.randn(rows, cell.width, device=weight.device, dtype=weight.dtype, generator=generator)]
+    children *= cell.n_children
     tapes, ran = [], False
     for kernel in (True, False):
         like = gates.new_empty(0)
         tape = cell.tape(like, [rows], [gates.new_empty(rows, cell.width)], [gates.new_empty(rows, cell.width)])
         pre = tape.gates[0].copy_(gates)  # as a fused loop's GEMMs write them: the tape's views read there
-        with nullcontext() if kernel else cell_kernel.disabled():
-            if not (
-                kernel and (ran := cell_kernel.fused_step(pre, children * cell.n_children, tape.out[0], cell.width))
-            ):
-                cell.step(pre, children * cell.n_children, tape.out[0])
+        if kernel:
+            ran = cell_kernel.fused_step(pre, children, tape.out[0], cell.width)
+        if not (kernel and ran):  # the torch ops (both tapes get written, whatever the kernel did)
+            with cell_kernel.disabled():
+                cell.step(pre, children, tape.out[0])
         tapes.append(tape)
     found, expected = tapes
     pairs = {buffer: (getattr(found, buffer), getattr(expected, buffer)) for buffer in TAPED}
@@ -1442,9 +1443,13 @@ def train_without_tracking(part: Part, files: Prepared, config, folder: Path, re
 
 
 def built_run(files: Prepared, config, folder: Path):
-    """The training run `spinn train` builds, in `folder`, before any step."""
+    """The training run `spinn train` builds, in `folder`, before any step; what earlier runs of the part left
+    (their graphs and buffers refer to each other) is collected first, so they do not share the GPU's memory."""
+    import gc
+
     from spinn.training.build import build_run
 
+    gc.collect()
     folder.mkdir(parents=True, exist_ok=True)
     return build_run(files.train, files.dev, config, folder, files.vocab, files.embeddings, progress=False)
 
@@ -1641,30 +1646,20 @@ def _resume_run(
 ) -> tuple[dict, dict[int, float]]:
     """One training run's state after it stopped (`training_state`) and its logged loss by step (also in the
     part's result); `changes`: other training settings."""
-    import gc
-
     config = _resume_config(part, files, steps, every, graphs, **changes)
     run, state, log = train_without_tracking(part, files, config, part.work / "resume" / name, resume=resume)
     losses = {step: metrics["train_loss"] for step, metrics in log.logged if "train_loss" in metrics}
     part.record(**{f"losses {name}{' resumed' if resume else ''}": losses, f"steps {name}": state.step})
-    tensors = training_state(run)
-    del run
-    gc.collect()
-    return tensors, losses
+    return training_state(run), losses
 
 
 def _resumed_start(part: Part, files: Prepared, name: str, steps: int, every: int, graphs: bool) -> dict:
     """The state a resumed run starts from: built as `_resume_run` builds it, last.pt loaded, no step taken."""
-    import gc
-
     from spinn.training.resume import resume_run
 
     run = built_run(files, _resume_config(part, files, steps, every, graphs), part.work / "resume" / name)
     resume_run(run)
-    tensors = training_state(run)
-    del run
-    gc.collect()
-    return tensors
+    return training_state(run)
 
 
 def training_state(run) -> dict:
